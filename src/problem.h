@@ -1,0 +1,57 @@
+// The one internal description of a selective-scan call, built by validate.cpp from the public structs.
+// Everything below the API layer (CPU path, CUDA launchers, kernels) sees only this. It is a POD so it can be
+// passed by value as a kernel parameter. No CUDA or fmt headers here.
+#pragma once
+
+#include <cstdint>
+
+namespace selscan {
+
+enum class Dtype : int32_t { f32 = 0, f16 = 1, bf16 = 2, c64 = 3 };
+
+constexpr int64_t kChunk = 2048;   // chunk length of the saved states x (upstream's layout)
+constexpr int64_t kMaxDstate = 256;
+
+// A strided view. Strides are in elements of the tensor's dtype; unused strides are 0.
+// Meaning of s[] per tensor kind (validate.cpp fills them so):
+//   (Bt, D, L) tensors  : s[0] batch, s[1] channel, s[2] == 1 (time is always unit stride)
+//   A, constant B/C, dA, constant dB/dC (D, N): s[0] channel, s[1] state
+//   variable B/C, dB/dC (Bt, G, N, L or 2L)    : s[0] batch, s[1] group, s[2] state, s[3] == 1
+//   D, delta_bias, dD, ddelta_bias (D,)         : s[0]
+//   h0, last_state, dh0 (Bt, D, N)              : s[0] batch, s[1] channel, s[2] state
+//   x (Bt, D, nc, 2N) contiguous                : s[0] batch, s[1] channel, s[2] chunk, s[3] == 1
+// For complex wtype, x/A/constant B,C/h0/last_state/dA/dB/dC/dh0 hold complex64 (float2) elements;
+// variable B/C (and their grads) hold 2L real itype elements per row, Re/Im interleaved.
+struct View {
+  void* p;       // nullptr = absent
+  int64_t s[4];
+  bool present() const { return p != nullptr; }
+};
+
+struct Problem {
+  // sizes
+  int64_t batch, dim, seqlen, dstate, groups;
+  int64_t nchunks;        // ceil(seqlen / kChunk)
+  Dtype itype;            // u, delta, z, out..., variable B/C
+  bool is_complex;        // wtype == c64 (else f32)
+  bool var_B, var_C;
+  bool softplus;
+  bool deterministic;     // backward only
+  // When true the scan runs without B (upstream's convention for constant B): the scanned state is h / B[d,n]
+  // and B enters through the output coefficient. True iff !var_B && !h0.present(). Otherwise the scan tracks
+  // the true state h (constant B is then applied inside b̄ = B * delta * u).
+  bool fold_B;
+
+  // inputs (both directions)
+  View u, delta, A, B, C, D, z, delta_bias, h0;
+  // forward outputs (out is also a backward input, required there iff z)
+  View out, out_z, x, last_state;
+  // backward inputs / outputs
+  View dout;
+  View du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0;
+  // backward: out_z (recompute) lives in `out_z` above.
+
+  int64_t channels_per_group() const { return dim / groups; }
+};
+
+}  // namespace selscan
