@@ -1,0 +1,204 @@
+// Device helpers shared by the forward and backward kernels: dtype conversion and vector IO, the fast-math
+// primitives the numerics contract names (docs/numerics.md), a tiny float2 complex type and warp scans.
+// Everything here is valid on every target >= sm_75 (the bf16 conversions included).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace selscan::kern {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------------- dtypes
+// to_f32 / from_f32 for the three itypes. fp16/bf16 stores round to nearest even (c10 semantics).
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  // bf16 -> f32 is exact: the 16 bits are the top half of the float (no sm_80 instruction needed).
+  return __uint_as_float(static_cast<uint32_t>(__bfloat16_as_ushort(v)) << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __float2bfloat16_rn(v);
+#else
+  // Software RNE for sm_75 (no cvt.rn.bf16.f32 there); NaN stays a quiet NaN.
+  uint32_t x = __float_as_uint(v);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return __ushort_as_bfloat16(static_cast<unsigned short>((x >> 16) | 0x40u));
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return __ushort_as_bfloat16(static_cast<unsigned short>(x >> 16));
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------- vector IO
+// Loads/stores of 16 bytes worth of itype values, converted to/from float. The caller guarantees 16-byte
+// alignment of `p` (checked on the row base at run time; misaligned rows take the scalar path).
+template <typename T>
+struct Vec16 {
+  static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
+};
+
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, float* out) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  if constexpr (sizeof(T) == 4) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      T lo, hi;
+      const unsigned short l16 = static_cast<unsigned short>(w[i] & 0xffffu);
+      const unsigned short h16 = static_cast<unsigned short>(w[i] >> 16);
+      if constexpr (std::is_same_v<T, __half>) {
+        lo = __ushort_as_half(l16);
+        hi = __ushort_as_half(h16);
+      } else {
+        lo = __ushort_as_bfloat16(l16);
+        hi = __ushort_as_bfloat16(h16);
+      }
+      out[2 * i] = to_f32(lo);
+      out[2 * i + 1] = to_f32(hi);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ unsigned short bits16(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half_as_ushort(v);
+  else return __bfloat16_as_ushort(v);
+}
+
+template <typename T>
+__device__ __forceinline__ void store16(T* p, const float* in) {
+  uint4 raw;
+  if constexpr (sizeof(T) == 4) {
+    raw.x = __float_as_uint(in[0]);
+    raw.y = __float_as_uint(in[1]);
+    raw.z = __float_as_uint(in[2]);
+    raw.w = __float_as_uint(in[3]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = static_cast<uint32_t>(bits16(from_f32<T>(in[2 * i]))) |
+             (static_cast<uint32_t>(bits16(from_f32<T>(in[2 * i + 1]))) << 16);
+    raw = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---------------------------------------------------------------------------------------------- fast math
+// exp2 as upstream's --use_fast_math build runs it: ex2.approx.ftz (flushes denormal results to zero).
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// softplus with threshold 20 (F.softplus's), log1pf(expf(x)) with expf -> __expf as under fast math.
+__device__ __forceinline__ float softplus(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }
+
+// z * sigmoid(z) with the fast-math division upstream's build uses.
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.f + __expf(-z)); }
+
+// ---------------------------------------------------------------------------------------------- complex
+// float2 as complex: x = real, y = imaginary.
+__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
+  return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+__device__ __forceinline__ float2 cfma(float2 a, float2 b, float2 c) {  // a * b + c
+  return make_float2(fmaf(a.x, b.x, fmaf(-a.y, b.y, c.x)), fmaf(a.x, b.y, fmaf(a.y, b.x, c.y)));
+}
+__device__ __forceinline__ float2 cadd(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
+__device__ __forceinline__ float2 cconj(float2 a) { return make_float2(a.x, -a.y); }
+// exp(x) for x = re*ln2-scaled real part and a plain imaginary part: 2^re * (cos im + i sin im).
+__device__ __forceinline__ float2 cexp2_fast(float re_log2, float im) {
+  float s, c;
+  __sincosf(im, &s, &c);
+  const float m = exp2_fast(re_log2);
+  return make_float2(m * c, m * s);
+}
+
+// ---------------------------------------------------------------------------------------------- shuffles
+__device__ __forceinline__ float shfl_up(float v, int delta) { return __shfl_up_sync(kFullMask, v, delta); }
+__device__ __forceinline__ float2 shfl_up(float2 v, int delta) {
+  return make_float2(__shfl_up_sync(kFullMask, v.x, delta), __shfl_up_sync(kFullMask, v.y, delta));
+}
+__device__ __forceinline__ float shfl_down(float v, int delta) { return __shfl_down_sync(kFullMask, v, delta); }
+__device__ __forceinline__ float2 shfl_down(float2 v, int delta) {
+  return make_float2(__shfl_down_sync(kFullMask, v.x, delta), __shfl_down_sync(kFullMask, v.y, delta));
+}
+__device__ __forceinline__ float shfl(float v, int lane) { return __shfl_sync(kFullMask, v, lane); }
+__device__ __forceinline__ float2 shfl(float2 v, int lane) {
+  return make_float2(__shfl_sync(kFullMask, v.x, lane), __shfl_sync(kFullMask, v.y, lane));
+}
+
+// Linear recurrence element (a, b) meaning h -> a*h + b; real (float) or complex (float2) weights.
+__device__ __forceinline__ float wmul(float a, float b) { return a * b; }
+__device__ __forceinline__ float2 wmul(float2 a, float2 b) { return cmul(a, b); }
+__device__ __forceinline__ float wfma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ float2 wfma(float2 a, float2 b, float2 c) { return cfma(a, b, c); }
+template <typename W>
+__device__ __forceinline__ W wone();
+template <>
+__device__ __forceinline__ float wone<float>() { return 1.f; }
+template <>
+__device__ __forceinline__ float2 wone<float2>() { return make_float2(1.f, 0.f); }
+template <typename W>
+__device__ __forceinline__ W wzero();
+template <>
+__device__ __forceinline__ float wzero<float>() { return 0.f; }
+template <>
+__device__ __forceinline__ float2 wzero<float2>() { return make_float2(0.f, 0.f); }
+
+// Inclusive warp scan (Hillis-Steele, 5 shuffle steps) of the recurrence pairs in lane order: afterwards lane l
+// holds the composition of lanes 0..l, i.e. (a_l*...*a_0, h after lane l starting from h = 0 before lane 0).
+template <typename W>
+__device__ __forceinline__ void warp_scan_fwd(W& a, W& b, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa = shfl_up(a, off);
+    const W pb = shfl_up(b, off);
+    if (lane >= off) {
+      b = wfma(a, pb, b);
+      a = wmul(a, pa);
+    }
+  }
+}
+
+// The same in reverse lane order (lane 31 first): the backward's suffix scan. Afterwards lane l holds the
+// composition of lanes 31..l.
+template <typename W>
+__device__ __forceinline__ void warp_scan_rev(W& a, W& b, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa = shfl_down(a, off);
+    const W pb = shfl_down(b, off);
+    if (lane + off < 32) {
+      b = wfma(a, pb, b);
+      a = wmul(a, pa);
+    }
+  }
+}
+
+}  // namespace selscan::kern
