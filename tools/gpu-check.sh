@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer on a subset, and the benchmarks.
+# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python all (default: all)
+# Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
+#      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+ARCH=${ARCH:-9.0}
+JOBS=${JOBS:-$(nproc)}
+BUILD=${BUILD:-build/gpu-check}
+if [ -z "${GOLDEN:-}" ]; then
+  if [ -d ../shared/golden ]; then GOLDEN=$(cd ../shared/golden && pwd); else GOLDEN=$PWD/.golden; fi
+fi
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
+want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+mkdir -p "$OUT"
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+local changes)')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  nvcc --version | tail -1
+} | tee "$OUT/env.txt"
+
+if want build; then
+  t0=$(date +%s)
+  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
+      -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_GOLDEN_DIR="$GOLDEN" -DSELSCAN_BUILD_TESTS=ON \
+      >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j"$JOBS" >"$OUT/build.log" 2>&1; then
+    note "build OK ($(( $(date +%s) - t0 )) s, arch $ARCH)"
+  else
+    note "build FAILED"; tail -40 "$OUT/build.log" "$OUT/configure.log"; printf '%s\n' "${summary[@]}"; exit 1
+  fi
+fi
+
+if want test; then
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure -j4 >"$OUT/ctest-gpu.log" 2>&1
+  note "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log" | tail -1)"
+  ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j"$JOBS" >"$OUT/ctest-cpu.log" 2>&1
+  note "ctest (non-gpu): $(grep -E 'tests passed|tests failed' "$OUT/ctest-cpu.log" | tail -1)"
+  grep -E '^\s*[0-9]+/[0-9]+ Test.*(Failed|\*\*\*)' "$OUT"/ctest-*.log | head -20
+fi
+
+if want sanitize; then
+  gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
+  if [ -n "$gpu_tests" ]; then
+    filter=${SANITIZE_FILTER:-'*Golden*:*Small*'}
+    for tool in memcheck racecheck synccheck initcheck; do
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" --gtest_filter="$filter" \
+        >"$OUT/sanitizer-$tool.log" 2>&1
+      rc=$?
+      note "compute-sanitizer $tool ($filter): rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+    done
+  else
+    note "sanitize: no selscan_tests_gpu binary"
+  fi
+fi
+
+if want bench; then
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  if [ -n "$bench" ]; then
+    "$bench" --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_format=json --benchmark_out="$OUT/bench.json" \
+      --benchmark_out_format=json >"$OUT/bench.txt" 2>&1
+    note "bench rc=$? (bench.json)"
+  else
+    note "bench: no selscan_bench binary"
+  fi
+fi
+
+if want python; then
+  lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
+  SELSCAN_LIBRARY=$PWD/$lib SELSCAN_GOLDEN_DIR=$GOLDEN PYTHONPATH=$PWD/python python3 -m pytest -q python/tests \
+    >"$OUT/pytest.log" 2>&1
+  note "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
