@@ -1,0 +1,130 @@
+"""Packaging: import without torch, library discovery, version check, struct layout vs the C header."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import selscan
+from selscan import _lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["SELSCAN_LIBRARY"] = selscan.library_path
+    return env
+
+
+def test_import_without_torch():
+    # sys.modules['torch'] = None makes any `import torch` fail, as on a machine without torch.
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['cupy'] = None\n"
+            "import numpy as np, selscan\n"
+            "u = np.ones((1, 2, 4), np.float32)\n"
+            "y = selscan.selective_scan_fn(u, u, -np.ones((2, 3), np.float32), np.ones((1, 3, 4), np.float32),\n"
+            "                              np.ones((1, 3, 4), np.float32))\n"
+            "assert y.shape == (1, 2, 4) and np.isfinite(y).all()\n"
+            "print('ok', selscan.version())")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok 0.")
+
+
+def test_import_does_not_pull_in_torch():
+    r = subprocess.run([sys.executable, "-c", "import sys, selscan; print('torch' in sys.modules)"], env=_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_missing_library_is_a_clear_import_error():
+    env = _env()
+    env["SELSCAN_LIBRARY"] = "/nonexistent/libselscan.so"
+    r = subprocess.run([sys.executable, "-c", "import selscan"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "SELSCAN_LIBRARY" in r.stderr and "/nonexistent/libselscan.so" in r.stderr
+
+
+def test_library_found_beside_the_package():
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(REPO, "python", "selscan"), os.path.join(tmp, "selscan"),
+                        ignore=shutil.ignore_patterns("__pycache__", "libselscan*"))
+        shutil.copy(selscan.library_path, os.path.join(tmp, "selscan", "libselscan.so"))
+        env = dict(os.environ, PYTHONPATH=tmp)
+        env.pop("SELSCAN_LIBRARY", None)
+        r = subprocess.run([sys.executable, "-c", "import selscan; print(selscan.library_path)"], env=env,
+                           capture_output=True, text=True, cwd=tmp)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == os.path.join(tmp, "selscan", "libselscan.so")
+
+
+def test_version_matches_header():
+    with open(os.path.join(REPO, "include", "selscan", "selscan.h")) as f:
+        text = f.read()
+    vals = {}
+    for part in ("MAJOR", "MINOR", "PATCH"):
+        line = next(l for l in text.splitlines() if l.startswith(f"#define SELSCAN_VERSION_{part} "))
+        vals[part] = int(line.split()[2])
+    assert (_lib.HEADER_VERSION_MAJOR, _lib.HEADER_VERSION_MINOR, _lib.HEADER_VERSION_PATCH) == (
+        vals["MAJOR"], vals["MINOR"], vals["PATCH"]), "binding written for another header version"
+    assert _lib.library_version == _lib.HEADER_VERSION
+    assert selscan.version() == "%d.%d.%d" % (vals["MAJOR"], vals["MINOR"], vals["PATCH"])
+    assert selscan.version() in selscan.build_info()
+
+
+def test_status_strings():
+    assert _lib.status_string(3)  # non-empty static description
+    assert selscan.cuda_device_count() >= 0
+
+
+C_LAYOUT = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "selscan/selscan.h"
+#define F(T, m) printf(#T " " #m " %zu\n", offsetof(T, m));
+int main(void) {
+  printf("selscan_tensor_t sizeof %zu\n", sizeof(selscan_tensor_t));
+  printf("selscan_exec_t sizeof %zu\n", sizeof(selscan_exec_t));
+  printf("selscan_fwd_args_t sizeof %zu\n", sizeof(selscan_fwd_args_t));
+  printf("selscan_bwd_args_t sizeof %zu\n", sizeof(selscan_bwd_args_t));
+  F(selscan_tensor_t, data) F(selscan_tensor_t, dtype) F(selscan_tensor_t, ndim) F(selscan_tensor_t, sizes)
+  F(selscan_tensor_t, strides)
+  F(selscan_exec_t, device_kind) F(selscan_exec_t, device_index) F(selscan_exec_t, stream)
+  F(selscan_exec_t, workspace) F(selscan_exec_t, workspace_bytes) F(selscan_exec_t, num_threads)
+  %FIELDS%
+  return 0;
+}
+"""
+
+
+def test_struct_layout_matches_header():
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler on PATH to read the header's layout")
+    fields = []
+    for name, _ in _lib.FwdArgs._fields_:
+        fields.append(f"F(selscan_fwd_args_t, {name})")
+    for name, _ in _lib.BwdArgs._fields_:
+        fields.append(f"F(selscan_bwd_args_t, {name})")
+    src = C_LAYOUT.replace("%FIELDS%", " ".join(fields))
+    with tempfile.TemporaryDirectory() as tmp:
+        c = os.path.join(tmp, "layout.c")
+        with open(c, "w") as f:
+            f.write(src)
+        exe = os.path.join(tmp, "layout")
+        subprocess.run([cc, "-std=c99", "-I", os.path.join(REPO, "include"), c, "-o", exe], check=True)
+        lines = subprocess.run([exe], capture_output=True, text=True, check=True).stdout.splitlines()
+    py = {"selscan_tensor_t": _lib.Tensor, "selscan_exec_t": _lib.Exec, "selscan_fwd_args_t": _lib.FwdArgs,
+          "selscan_bwd_args_t": _lib.BwdArgs}
+    for line in lines:
+        struct, member, value = line.split()
+        want = int(value)
+        got = ctypes.sizeof(py[struct]) if member == "sizeof" else getattr(py[struct], member).offset
+        assert got == want, f"{struct}.{member}: ctypes says {got}, the C header {want}"
+    assert len(lines) > 60
