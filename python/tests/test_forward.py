@@ -127,10 +127,11 @@ def test_initial_state(cplx, var_B):
     _, final, h = ref_of(c)
     assert_close("out", out, final, *TOL["fp32"])
     assert_close("last_state", last, h, *TOL["fp32"])
-    # A zero initial state is the same as none.
+    # A zero initial state is the same as none (up to fp32 rounding: with constant B the two take different
+    # internal conventions, see fold_B).
     c0 = dict(c, h0=np.zeros_like(c["h0"]))
     c_none = dict(c, h0=None)
-    assert_close("out(h0=0)", run(c0), run(c_none), 1e-6, 1e-6)
+    assert_close("out(h0=0)", run(c0), run(c_none), *TOL["fp32"])
 
 
 def test_complex_BC_given_as_complex():
