@@ -73,16 +73,11 @@ endfunction()
 
 # A sensible list for a toolkit when neither the user nor the preset gave one (mirrors CMakePresets.json).
 function(selscan_default_arch_list version out)
-  if(version VERSION_LESS 12.0)
-    set(list "7.5;8.0;8.6;8.9;9.0+PTX")
-  elseif(version VERSION_LESS 12.8)
-    set(list "7.5;8.0;8.6;8.9;9.0+PTX")
-  elseif(version VERSION_LESS 13.0)
-    set(list "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX")
+  if(version VERSION_LESS 12.8)
+    set(${out} "7.5;8.0;8.6;8.9;9.0+PTX" PARENT_SCOPE)
   else()
-    set(list "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX")
+    set(${out} "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX" PARENT_SCOPE)
   endif()
-  set(${out} "${list}" PARENT_SCOPE)
 endfunction()
 
 # Translate `arch_list` for toolkit `version`.
