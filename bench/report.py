@@ -30,6 +30,7 @@ UPSTREAM = {
 }
 TARGET_DIV = {"fwd": 3.0, "bwd": 2.5}
 ISSUE_ORDER = list(UPSTREAM.keys())
+MODE_ORDER = {"fwd": 0, "fwd_infer": 1, "bwd": 2, "bwd_det": 3}
 
 BEGIN = "<!-- bench-results:begin -->"
 END = "<!-- bench-results:end -->"
@@ -197,7 +198,7 @@ def copy_line(run):
 
 def cpu_table(run):
     keys = sorted((k for k in run["results"] if k[0] == "cpu"),
-                  key=lambda k: (shape_dims(k[3]) or (0,), k[1], k[4]))
+                  key=lambda k: (shape_dims(k[3]) or (0,), MODE_ORDER.get(k[1], 9), k[4]))
     if not keys:
         return []
     out = ["| mode | itype | Bt×D×L:N | threads | ms | state updates/s |", "|---|---|---|---:|---:|---:|"]
@@ -268,7 +269,8 @@ def plot(runs, path):
                  for p in pts]
         floor = [f for f in floor if f[1] > 0]
         if floor:
-            ax.plot([f[0] for f in floor], [f[1] for f in floor], ":", color="gray", label=f"{mode} floor")
+            ax.plot([f[0] for f in floor], [f[1] for f in floor], ":" if mode == "fwd" else "-.", color="gray",
+                    label=f"{mode} floor")
     if not drew:
         plt.close(fig)
         print("report.py: no gpu_sweep results; no plot", file=sys.stderr)
