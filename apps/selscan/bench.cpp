@@ -279,19 +279,23 @@ int cmd_bench(const std::vector<std::string>& args) {
     fmt::print("median of {} calls after {} warm-up; {}; GB/s = minimum bytes moved / time\n", iters, warmup,
                rows.empty() ? "" : rows[0].spec.flags_text());
     if (scaled) fmt::print("CPU: shapes scaled down from the GPU table (original in brackets)\n");
-    fmt::print("{:<22} {:<5} {:>10} {:>9} {:>10} {:>9} {:>11}{}\n", "shape", "dtype", "fwd ms", "fwd GB/s", "bwd ms",
-               "bwd GB/s", "fwd Gupd/s", show_upstream ? "   speed-up vs upstream (H200) fwd / bwd" : "");
+    auto shape_col = [](const Row& r) {
+      return r.scaled_from.empty() ? r.spec.shape_text() : r.spec.shape_text() + " [" + r.scaled_from + "]";
+    };
+    size_t w = 5;
+    for (const Row& r : rows) w = std::max(w, shape_col(r).size());
+    fmt::print("{:<{}} {:<5} {:>10} {:>9} {:>10} {:>9} {:>11}{}\n", "shape", w, "dtype", "fwd ms", "fwd GB/s",
+               "bwd ms", "bwd GB/s", "fwd Gupd/s", show_upstream ? "   speed-up vs upstream (H200) fwd / bwd" : "");
     for (const Row& r : rows) {
-      std::string sh = r.spec.shape_text();
-      if (!r.scaled_from.empty()) sh += " [" + r.scaled_from + "]";
+      const std::string sh = shape_col(r);
       if (!r.error.empty()) {
-        fmt::print("{:<22} {:<5} FAILED: {}\n", sh, dtype_name(r.spec.itype), r.error);
+        fmt::print("{:<{}} {:<5} FAILED: {}\n", sh, w, dtype_name(r.spec.itype), r.error);
         continue;
       }
       std::string up;
       if (show_upstream && r.upstream_fwd > 0)
         up = fmt::format("   {:.2f}x / {:.2f}x", r.upstream_fwd / r.fwd.median, r.upstream_bwd / r.bwd.median);
-      fmt::print("{:<22} {:<5} {:>10.4f} {:>9.1f} {:>10.4f} {:>9.1f} {:>11.3f}{}\n", sh, dtype_name(r.spec.itype),
+      fmt::print("{:<{}} {:<5} {:>10.4f} {:>9.4g} {:>10.4f} {:>9.4g} {:>11.3g}{}\n", sh, w, dtype_name(r.spec.itype),
                  r.fwd.median, r.fwd_bytes / r.fwd.median * 1e-6, r.bwd.median, r.bwd_bytes / r.bwd.median * 1e-6,
                  r.spec.state_updates() / r.fwd.median * 1e-6, up);
     }
