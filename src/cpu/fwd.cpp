@@ -1,0 +1,145 @@
+// Forward on the CPU. Work is split into tasks of (batch b, group g, a block of the group's channels); a task
+// walks time in blocks of TB steps, converting and transposing that block of variable B/C once and then
+// advancing every channel of the block through it (B/C stay in cache while all channels use them).
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "../problem.h"
+#include "common.h"
+#include "cpu.h"
+#include "rows.h"
+
+namespace selscan::cpu {
+namespace {
+
+// Time block: a power of two dividing the chunk length (so chunk ends fall on block ends) with the B/C block
+// around 32 KB.
+int64_t time_block(int64_t Np) {
+  int64_t tb = kChunk;
+  while (tb > 16 && tb * Np > 8192) tb /= 2;
+  return tb;
+}
+
+template <class W>
+struct FwdScratch {
+  std::vector<W> Bt, Ct, h, P;  // h, P: [rows][Np]
+  std::vector<float> tmp, delta, du, u, y, z;
+  std::vector<ChannelConsts<W>> consts;
+};
+
+template <class W>
+Status fwd_impl(const Problem& p, int num_threads) {
+  const int64_t Bt = p.batch, D = p.dim, L = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
+  const int64_t Np = padded_states(N);
+  const int64_t TB = std::min(time_block(Np), L);
+  const bool vb = p.var_B, vc = p.var_C, with_P = p.x.present();
+
+  // Channel blocks: about 4 tasks per thread, at most 64 channels each (the row state lives in scratch).
+  const int guess = resolve_threads(num_threads, Bt * D);
+  const int64_t K = std::min<int64_t>(cpg, std::clamp<int64_t>((Bt * D + 4 * guess - 1) / (4 * guess), 1, 64));
+  const int64_t blocks = (cpg + K - 1) / K;
+  const int64_t ntasks = Bt * G * blocks;
+  const int nthreads = resolve_threads(num_threads, ntasks);
+  std::vector<std::unique_ptr<FwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
+
+  auto body = [&](int64_t task, int worker) {
+    auto& sp = scratch[static_cast<size_t>(worker)];
+    if (!sp) {
+      sp = std::make_unique<FwdScratch<W>>();
+      sp->Bt.resize(vb ? static_cast<size_t>(TB * Np) : 0);
+      sp->Ct.resize(vc ? static_cast<size_t>(TB * Np) : 0);
+      sp->h.resize(static_cast<size_t>(K * Np));
+      sp->P.resize(static_cast<size_t>(K * Np));
+      for (auto* v : {&sp->delta, &sp->du, &sp->u, &sp->y, &sp->z}) v->resize(static_cast<size_t>(TB));
+      sp->tmp.resize(static_cast<size_t>(2 * TB));
+      sp->consts.resize(static_cast<size_t>(K));
+      for (auto& c : sp->consts) c.resize(Np);
+    }
+    FwdScratch<W>& s = *sp;
+    const int64_t b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
+    const int64_t d0 = g * cpg + kb * K, nr = std::min(K, cpg - kb * K);
+
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t d = d0 + r;
+      s.consts[static_cast<size_t>(r)].fill(p, d);
+      W* h = s.h.data() + r * Np;
+      W* P = s.P.data() + r * Np;
+      for (int64_t n = 0; n < Np; ++n) {
+        h[n] = (n < N && p.h0.present()) ? wload<W>(p.h0, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : W{};
+        P[n] = wone<W>();
+      }
+    }
+
+    for (int64_t t0 = 0; t0 < L; t0 += TB) {
+      const int64_t T = std::min(TB, L - t0);
+      if (vb) load_bc_block(p, p.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
+      if (vc) load_bc_block(p, p.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
+      const bool chunk_end = (t0 + T) % kChunk == 0 || t0 + T == L;
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t d = d0 + r;
+        const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
+        load_delta(p, b, d, t0, T, s.delta.data());
+        load_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
+        // Upstream multiplies by D even when it is absent (D = 0), so NaN/inf in u reach y either way.
+        const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
+        for (int64_t t = 0; t < T; ++t) {
+          s.du[static_cast<size_t>(t)] = s.delta[static_cast<size_t>(t)] * s.u[static_cast<size_t>(t)];
+          s.y[static_cast<size_t>(t)] = Dd * s.u[static_cast<size_t>(t)];
+        }
+        W* h = s.h.data() + r * Np;
+        W* P = s.P.data() + r * Np;
+        FwdBlockT<W> k{T,         Np,        s.delta.data(), s.du.data(), cc.A2.data(), cc.Bc.data(),
+                       s.Bt.data(), cc.Cc.data(), s.Ct.data(),    cc.Cs.data(), h,            P,
+                       s.y.data()};
+        run_fwd_kernel(k, vb, vc, with_P);
+
+        store_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, s.y.data());
+        if (p.z.present()) {
+          load_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, s.z.data());
+          for (int64_t t = 0; t < T; ++t) {
+            const float zt = s.z[static_cast<size_t>(t)];
+            s.z[static_cast<size_t>(t)] = s.y[static_cast<size_t>(t)] * zt / (1.f + std::exp(-zt));
+          }
+          store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, s.z.data());
+        }
+        if (with_P && chunk_end) {
+          const int64_t c = (t0 + T - 1) / kChunk;
+          const int64_t base = b * p.x.s[0] + d * p.x.s[1] + c * p.x.s[2];
+          for (int64_t n = 0; n < N; ++n) {
+            wstore(p.x, base + 2 * n, P[n]);
+            wstore(p.x, base + 2 * n + 1, h[n]);
+          }
+        }
+      }
+    }
+
+    if (p.last_state.present()) {
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t d = d0 + r;
+        const W* h = s.h.data() + r * Np;
+        const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
+        for (int64_t n = 0; n < N; ++n) {
+          // With fold_B the scanned state is h / B; Cs holds B then (1 otherwise).
+          const W v = p.fold_B ? cc.Cs[n] * h[n] : h[n];
+          wstore(p.last_state, b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2], v);
+        }
+      }
+    }
+  };
+  return run_tasks(ntasks, nthreads, body);
+}
+
+}  // namespace
+
+Status fwd(const Problem& p, int num_threads) {
+  try {
+    return p.is_complex ? fwd_impl<cfloat>(p, num_threads) : fwd_impl<float>(p, num_threads);
+  } catch (const std::bad_alloc&) {
+    return fail(SELSCAN_STATUS_OUT_OF_MEMORY, "CPU forward: out of host memory for scratch buffers");
+  } catch (...) {
+    return fail(SELSCAN_STATUS_INTERNAL, "CPU forward: internal error");
+  }
+}
+
+}  // namespace selscan::cpu

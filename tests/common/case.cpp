@@ -1,0 +1,355 @@
+#include "case.h"
+
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+namespace selscan_test {
+
+namespace {
+
+// Portable random numbers (std::mt19937_64 is specified bit for bit; the distributions are not).
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t seed) : g(seed) {}
+  double uniform() { return static_cast<double>(g() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  double normal() {
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+bool is16(int32_t dt) { return dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16; }
+
+// Fill every element of t (C order) with gen(); real tensors round to their dtype.
+template <class F>
+void fill(Tensor& t, F gen) {
+  std::vector<int64_t> idx(t.sizes.size(), 0);
+  const int64_t n = t.numel();
+  for (int64_t k = 0; k < n; ++k) {
+    t.setc(idx, gen());
+    for (int i = static_cast<int>(idx.size()) - 1; i >= 0; --i) {
+      if (++idx[i] < t.sizes[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+Layout bdl_layout(Strides s, const char* which, int64_t D, int64_t L) {
+  const std::string w = which;
+  if (s == Strides::mamba_inner) {
+    if (w == "delta") return {{2, 0, 1}, {}};       // (L, Bt*L, 1)
+    if (w == "z") return {{2, 1, 0}, {0, D * L, 0}};  // batch stride 2*D*L (a half of xz)
+    return {};
+  }
+  if (s == Strides::padded) return {{2, 1, 0}, {3, 5, 0}};
+  (void)L;
+  return {};
+}
+
+}  // namespace
+
+std::string CaseSpec::str() const {
+  std::ostringstream os;
+  os << "Bt=" << batch << " D=" << dim << " L=" << seqlen << " N=" << dstate << " G=" << groups
+     << " itype=" << dtype_str(itype) << (complex ? " complex" : " real") << " B=" << (var_B ? "var" : "const")
+     << " C=" << (var_C ? "var" : "const") << (has_D ? " +D" : "") << (has_z ? " +z" : "")
+     << (has_delta_bias ? " +bias" : "") << (softplus ? " +softplus" : "") << (has_h0 ? " +h0" : "")
+     << (bc_3d ? " bc3d" : "")
+     << (strides == Strides::mamba_inner ? " strides=inner" : strides == Strides::padded ? " strides=padded" : "")
+     << (slow_decay ? " slow" : "") << " delta=[" << delta_lo << "," << delta_hi << ") seed=" << seed;
+  return os.str();
+}
+
+std::vector<Tensor*> Case::inputs() { return {&u, &delta, &A, &B, &C, &D, &z, &delta_bias, &h0}; }
+
+std::vector<std::pair<const char*, Tensor*>> Case::named_fwd_outputs() {
+  std::vector<std::pair<const char*, Tensor*>> r;
+  for (auto nt : std::vector<std::pair<const char*, Tensor*>>{
+           {"out", &out}, {"out_z", &out_z}, {"x", &x}, {"last_state", &last_state}})
+    if (nt.second->present()) r.push_back(nt);
+  return r;
+}
+
+std::vector<std::pair<const char*, Tensor*>> Case::named_bwd_outputs() {
+  std::vector<std::pair<const char*, Tensor*>> r;
+  for (auto nt : std::vector<std::pair<const char*, Tensor*>>{{"du", &du},
+                                                              {"ddelta", &ddelta},
+                                                              {"dA", &dA},
+                                                              {"dB", &dB},
+                                                              {"dC", &dC},
+                                                              {"dD", &dD},
+                                                              {"dz", &dz},
+                                                              {"ddelta_bias", &ddelta_bias},
+                                                              {"dh0", &dh0},
+                                                              {"out_z(bwd)", &out_z_bwd}})
+    if (nt.second->present()) r.push_back(nt);
+  return r;
+}
+
+std::vector<Tensor*> Case::fwd_outputs() {
+  std::vector<Tensor*> r;
+  for (auto& nt : named_fwd_outputs()) r.push_back(nt.second);
+  return r;
+}
+
+std::vector<Tensor*> Case::bwd_outputs() {
+  std::vector<Tensor*> r;
+  for (auto& nt : named_bwd_outputs()) r.push_back(nt.second);
+  return r;
+}
+
+selscan_fwd_args_t Case::fwd_args(const PtrMap& ptr) {
+  auto d = [&](Tensor& t) { return t.present() ? t.desc(ptr(t)) : t.desc(nullptr); };
+  selscan_fwd_args_t a{};
+  a.struct_size = sizeof(a);
+  a.u = d(u);
+  a.delta = d(delta);
+  a.A = d(A);
+  a.B = d(B);
+  a.C = d(C);
+  a.D = d(D);
+  a.z = d(z);
+  a.delta_bias = d(delta_bias);
+  a.h0 = d(h0);
+  a.delta_softplus = spec.softplus ? 1 : 0;
+  a.out = d(out);
+  a.out_z = d(out_z);
+  a.x = d(x);
+  a.last_state = d(last_state);
+  return a;
+}
+
+selscan_bwd_args_t Case::bwd_args(const PtrMap& ptr, bool deterministic) {
+  auto d = [&](Tensor& t) { return t.present() ? t.desc(ptr(t)) : t.desc(nullptr); };
+  selscan_bwd_args_t a{};
+  a.struct_size = sizeof(a);
+  a.u = d(u);
+  a.delta = d(delta);
+  a.A = d(A);
+  a.B = d(B);
+  a.C = d(C);
+  a.D = d(D);
+  a.z = d(z);
+  a.delta_bias = d(delta_bias);
+  a.h0 = d(h0);
+  a.delta_softplus = spec.softplus ? 1 : 0;
+  a.deterministic = deterministic ? 1 : 0;
+  a.dout = d(dout);
+  a.x = d(x);
+  Tensor none;
+  a.out = spec.has_z ? d(out) : d(none);
+  a.du = d(du);
+  a.ddelta = d(ddelta);
+  a.dA = d(dA);
+  a.dB = d(dB);
+  a.dC = d(dC);
+  a.dD = d(dD);
+  a.dz = d(dz);
+  a.ddelta_bias = d(ddelta_bias);
+  a.dh0 = d(dh0);
+  a.out_z = d(out_z_bwd);
+  return a;
+}
+
+Case make_case(const CaseSpec& s) {
+  if (s.bc_3d && s.groups != 1) throw std::invalid_argument("make_case: bc_3d needs groups == 1");
+  if (s.dim % s.groups != 0) throw std::invalid_argument("make_case: groups must divide dim");
+  Case c;
+  c.spec = s;
+  Rng rng(s.seed);
+  const int64_t Bt = s.batch, D = s.dim, L = s.seqlen, N = s.dstate, G = s.groups;
+  const int32_t it = s.itype, wt = s.complex ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
+  const bool padded = s.strides == Strides::padded;
+  const Layout dn = padded ? Layout{{0, 1}, {2, 0}} : Layout{};      // (D, N): channel-fastest, padded
+  const Layout bdn = padded ? Layout{{1, 2, 0}, {1, 3, 0}} : Layout{};  // (Bt, D, N)
+  const Layout bgnl = padded ? Layout{{3, 2, 1, 0}, {4, 1, 2, 0}} : Layout{};
+  const Layout bnl = padded ? Layout{{2, 1, 0}, {4, 2, 0}} : Layout{};
+  const std::vector<int64_t> shape_bdl{Bt, D, L};
+  auto real = [&](double v) { return cd(v, 0.0); };
+
+  c.u = make_tensor(it, shape_bdl, bdl_layout(s.strides, "u", D, L));
+  fill(c.u, [&] { return real(rng.normal()); });
+  c.delta = make_tensor(it, shape_bdl, bdl_layout(s.strides, "delta", D, L));
+  fill(c.delta, [&] { return real(s.delta_lo + (s.delta_hi - s.delta_lo) * rng.uniform()); });
+
+  c.A = make_tensor(wt, {D, N}, dn);
+  fill(c.A, [&] {
+    // Upstream's tests use -0.5 * rand; slow_decay spreads |A| log-uniformly over [1e-3, 1] instead.
+    const double re = s.slow_decay ? -std::exp(std::log(1e-3) * rng.uniform()) : -0.5 * rng.uniform();
+    return s.complex ? cd(re, 2.0 * rng.normal()) : real(re);
+  });
+
+  auto make_bc = [&](bool var) {
+    Tensor t;
+    if (!var) {
+      t = make_tensor(wt, {D, N}, dn);
+      fill(t, [&] { return s.complex ? cd(rng.normal(), rng.normal()) : real(rng.normal()); });
+      return t;
+    }
+    const int64_t Lbc = s.complex ? 2 * L : L;
+    t = s.bc_3d ? make_tensor(it, {Bt, N, Lbc}, bnl) : make_tensor(it, {Bt, G, N, Lbc}, bgnl);
+    fill(t, [&] { return real(rng.normal()); });
+    return t;
+  };
+  c.B = make_bc(s.var_B);
+  c.C = make_bc(s.var_C);
+
+  if (s.has_D) {
+    c.D = make_tensor(SELSCAN_DTYPE_FLOAT32, {D});
+    fill(c.D, [&] { return real(rng.normal()); });
+  }
+  if (s.has_z) {
+    c.z = make_tensor(it, shape_bdl, bdl_layout(s.strides, "z", D, L));
+    fill(c.z, [&] { return real(rng.normal()); });
+  }
+  if (s.has_delta_bias) {
+    c.delta_bias = make_tensor(SELSCAN_DTYPE_FLOAT32, {D});
+    fill(c.delta_bias, [&] { return real(0.5 * rng.uniform()); });
+  }
+  if (s.has_h0) {
+    c.h0 = make_tensor(wt, {Bt, D, N}, bdn);
+    fill(c.h0, [&] { return s.complex ? cd(rng.normal(), rng.normal()) : real(rng.normal()); });
+  }
+  c.dout = make_tensor(it, shape_bdl, bdl_layout(s.strides, "delta", D, L));
+  fill(c.dout, [&] { return real(rng.normal()); });
+
+  // Outputs: poisoned everywhere (guards and gaps included).
+  auto out = [&](int32_t dt, const std::vector<int64_t>& shape, const Layout& l) {
+    return make_tensor(dt, shape, l, kPoison);
+  };
+  c.out = out(it, shape_bdl, bdl_layout(s.strides, "delta", D, L));
+  if (s.has_z) c.out_z = out(it, shape_bdl, bdl_layout(s.strides, "z", D, L));
+  if (s.with_x) c.x = out(wt, {Bt, D, c.nchunks(), 2 * N}, {});
+  if (s.with_last_state) c.last_state = out(wt, {Bt, D, N}, bdn);
+
+  c.du = out(it, shape_bdl, bdl_layout(s.strides, "u", D, L));
+  c.ddelta = out(it, shape_bdl, bdl_layout(s.strides, "delta", D, L));
+  c.dA = out(wt, {D, N}, dn);
+  c.dB = out(c.B.dtype, c.B.sizes, s.var_B ? (s.bc_3d ? bnl : bgnl) : dn);
+  c.dC = out(c.C.dtype, c.C.sizes, s.var_C ? (s.bc_3d ? bnl : bgnl) : dn);
+  if (s.has_D) c.dD = out(SELSCAN_DTYPE_FLOAT32, {D}, {});
+  if (s.has_z) c.dz = out(it, shape_bdl, bdl_layout(s.strides, "z", D, L));
+  if (s.has_delta_bias) c.ddelta_bias = out(SELSCAN_DTYPE_FLOAT32, {D}, {});
+  if (s.has_h0 && s.with_dh0) c.dh0 = out(wt, {Bt, D, N}, bdn);
+  if (s.has_z && s.recompute_out_z) c.out_z_bwd = out(it, shape_bdl, bdl_layout(s.strides, "z", D, L));
+  (void)is16;
+  return c;
+}
+
+void* host_ptr(Tensor& t) { return t.present() ? t.storage.data() : nullptr; }
+
+void poison(const std::vector<Tensor*>& ts) {
+  for (Tensor* t : ts) t->fill_bytes(kPoison);
+}
+
+selscan_exec_t cpu_exec(int threads) {
+  selscan_exec_t e = SELSCAN_EXEC_INIT;
+  e.device_kind = SELSCAN_DEVICE_CPU;
+  e.num_threads = threads;
+  return e;
+}
+
+selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec) {
+  poison(c.fwd_outputs());
+  const selscan_fwd_args_t a = c.fwd_args(host_ptr);
+  return selscan_fwd(&a, &exec);
+}
+
+selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic) {
+  poison(c.bwd_outputs());
+  const selscan_bwd_args_t a = c.bwd_args(host_ptr, deterministic);
+  return selscan_bwd(&a, &exec);
+}
+
+RefProblem ref_problem(const Case& c) {
+  const CaseSpec& s = c.spec;
+  RefProblem p;
+  p.Bt = s.batch;
+  p.D = s.dim;
+  p.L = s.seqlen;
+  p.N = s.dstate;
+  p.G = (s.var_B || s.var_C) ? s.groups : 1;
+  p.cplx = s.complex;
+  p.var_B = s.var_B;
+  p.var_C = s.var_C;
+  p.softplus = s.softplus;
+  p.has_D = s.has_D;
+  p.has_z = s.has_z;
+  p.has_bias = s.has_delta_bias;
+  p.has_h0 = s.has_h0;
+  const int64_t Bt = p.Bt, D = p.D, L = p.L, N = p.N, G = p.G;
+  auto bdl = [&](const Tensor& t, std::vector<double>& v) {
+    v.resize(static_cast<size_t>(Bt * D * L));
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t l = 0; l < L; ++l) v[p.bdl(b, d, l)] = t.get({b, d, l});
+  };
+  bdl(c.u, p.u);
+  bdl(c.delta, p.delta);
+  if (s.has_z) bdl(c.z, p.z);
+  p.A.resize(static_cast<size_t>(D * N));
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t n = 0; n < N; ++n) p.A[p.dn(d, n)] = c.A.getc({d, n});
+  auto bc = [&](const Tensor& t, bool var, std::vector<cd>& v) {
+    if (!var) {
+      v.resize(static_cast<size_t>(D * N));
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t n = 0; n < N; ++n) v[p.dn(d, n)] = t.getc({d, n});
+      return;
+    }
+    v.resize(static_cast<size_t>(Bt * G * N * L));
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t l = 0; l < L; ++l) {
+            auto at = [&](int64_t k) { return s.bc_3d ? t.get({b, n, k}) : t.get({b, g, n, k}); };
+            v[p.bgnl(b, g, n, l)] = s.complex ? cd(at(2 * l), at(2 * l + 1)) : cd(at(l), 0.0);
+          }
+  };
+  bc(c.B, s.var_B, p.B);
+  bc(c.C, s.var_C, p.C);
+  if (s.has_D) {
+    p.Dv.resize(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) p.Dv[d] = c.D.get({d});
+  }
+  if (s.has_delta_bias) {
+    p.bias.resize(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) p.bias[d] = c.delta_bias.get({d});
+  }
+  if (s.has_h0) {
+    p.h0.resize(static_cast<size_t>(Bt * D * N));
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t n = 0; n < N; ++n) p.h0[p.bdn(b, d, n)] = c.h0.getc({b, d, n});
+  }
+  return p;
+}
+
+std::vector<double> ref_dout(const Case& c) {
+  std::vector<double> v;
+  const int64_t Bt = c.spec.batch, D = c.spec.dim, L = c.spec.seqlen;
+  v.reserve(static_cast<size_t>(Bt * D * L));
+  for (int64_t b = 0; b < Bt; ++b)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t l = 0; l < L; ++l) v.push_back(c.dout.get({b, d, l}));
+  return v;
+}
+
+std::vector<double> ref_x_values(const RefFwd& f, const Case& c) {
+  const int64_t Bt = c.spec.batch, D = c.spec.dim, N = c.spec.dstate, nc = c.nchunks();
+  std::vector<cd> x;
+  x.reserve(static_cast<size_t>(Bt * D * nc * 2 * N));
+  for (int64_t b = 0; b < Bt; ++b)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < nc; ++k)
+        for (int64_t n = 0; n < N; ++n) {
+          const size_t i = static_cast<size_t>(((b * D + d) * nc + k) * N + n);
+          x.push_back(f.xP[i]);
+          x.push_back(f.xH[i]);
+        }
+  return flatten(x, c.spec.complex);
+}
+
+}  // namespace selscan_test

@@ -1,0 +1,84 @@
+// A test case: a random problem (sizes, flags, dtypes, layouts) with all its host tensors, argument structs
+// for selscan_fwd/selscan_bwd over them, and the float64 oracle's view of the inputs. Device-agnostic: the
+// argument builders take a pointer map, so a GPU test copies each Tensor's storage to the device, passes the
+// device pointers, and copies the outputs back into the same Tensors before comparing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reference.h"
+#include "selscan/selscan.h"
+#include "tensor.h"
+
+namespace selscan_test {
+
+enum class Strides {
+  contiguous,
+  mamba_inner,  // as mamba_inner_fn passes them: delta/out/dout/du/ddelta (L, Bt*L, 1); z/dz/out_z batch 2*D*L
+  padded,       // every tensor padded between dims, weights transposed, (Bt, D, N) states channel-fastest
+};
+
+struct CaseSpec {
+  int64_t batch = 2, dim = 4, seqlen = 64, dstate = 8, groups = 1;
+  int32_t itype = SELSCAN_DTYPE_FLOAT32;
+  bool complex = false;
+  bool var_B = true, var_C = true;
+  bool has_D = true, has_z = true, has_delta_bias = true, softplus = true, has_h0 = false;
+  bool with_x = true, with_last_state = true;  // optional forward outputs requested
+  bool with_dh0 = true;                        // request dh0 when h0 is given
+  bool recompute_out_z = false;                // request out_z from the backward (needs z)
+  bool bc_3d = false;                          // variable B/C as (Bt, N, L) (groups must be 1)
+  Strides strides = Strides::contiguous;
+  bool slow_decay = false;  // A close to 0 so that states carry far (across chunks)
+  double delta_lo = 0.0, delta_hi = 0.5;  // delta ~ uniform[lo, hi) (upstream: 0.5 * rand)
+  uint64_t seed = 1;
+
+  std::string str() const;  // one-line summary for messages
+};
+
+struct Case {
+  CaseSpec spec;
+  Tensor u, delta, A, B, C, D, z, delta_bias, h0;  // inputs
+  Tensor out, out_z, x, last_state;               // forward outputs
+  Tensor dout;                                    // backward input (gradient of out_z if z, else of out)
+  Tensor du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0, out_z_bwd;  // backward outputs
+
+  int64_t nchunks() const { return (spec.seqlen + 2047) / 2048; }
+  std::vector<Tensor*> inputs();
+  std::vector<Tensor*> fwd_outputs();  // present ones only
+  std::vector<Tensor*> bwd_outputs();  // present ones only
+  std::vector<std::pair<const char*, Tensor*>> named_fwd_outputs();
+  std::vector<std::pair<const char*, Tensor*>> named_bwd_outputs();
+
+  // Argument structs; `ptr` maps a present tensor to the base address of its storage where the library will
+  // see it (host: storage.data(); device: the device copy). Descriptors point at element 0 of that base.
+  using PtrMap = std::function<void*(Tensor&)>;
+  selscan_fwd_args_t fwd_args(const PtrMap& ptr);
+  selscan_bwd_args_t bwd_args(const PtrMap& ptr, bool deterministic = true);
+};
+
+// Random inputs (16-bit itypes: values rounded to the itype), outputs allocated and poisoned.
+Case make_case(const CaseSpec& spec);
+
+// The host pointer map.
+void* host_ptr(Tensor& t);
+
+// Fill every byte of the given tensors with kPoison (NaN).
+void poison(const std::vector<Tensor*>& ts);
+
+// Poison the forward (backward) outputs and run on the CPU through the public ABI with host pointers.
+selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec);
+selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic = true);
+// CPU exec with `threads` workers.
+selscan_exec_t cpu_exec(int threads = 0);
+
+// The oracle's view of the stored (rounded) inputs, and the oracle's dout.
+RefProblem ref_problem(const Case& c);
+std::vector<double> ref_dout(const Case& c);
+// Chunk states as the x tensor lays them out: [..., 2n] = P, [..., 2n+1] = H, flattened like values().
+std::vector<double> ref_x_values(const RefFwd& f, const Case& c);
+
+}  // namespace selscan_test

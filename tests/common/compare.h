@@ -1,0 +1,104 @@
+// Tolerances (upstream's tables, shared/golden/README.md) and a GoogleTest allclose with a useful message.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "half.h"
+#include "selscan/selscan.h"
+
+namespace selscan_test {
+
+struct Tol {
+  double rtol, atol;
+  Tol scaled(double r, double a) const { return {rtol * r, atol * a}; }
+  Tol at_least(const Tol& o) const { return {std::max(rtol, o.rtol), std::max(atol, o.atol)}; }
+};
+
+// Output tolerance of an itype: fp32 (6e-4, 2e-3), fp16 (3e-3, 5e-3), bf16 (3e-2, 5e-2).
+inline Tol tol_out(int32_t itype) {
+  switch (itype) {
+    case SELSCAN_DTYPE_FLOAT16: return {3e-3, 5e-3};
+    case SELSCAN_DTYPE_BFLOAT16: return {3e-2, 5e-2};
+    default: return {6e-4, 2e-3};
+  }
+}
+
+// The per-output tolerances of upstream's test_selective_scan.
+struct Tolerances {
+  Tol out, last_state, du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0, x;
+};
+inline Tolerances upstream_tolerances(int32_t itype, bool has_z, bool var_B, bool var_C) {
+  const Tol o = tol_out(itype);
+  Tol w{1e-3, 1e-3};
+  if (has_z) w = w.at_least(o);
+  Tolerances t;
+  t.out = o;
+  t.last_state = o;
+  t.x = o;
+  t.du = o.scaled(2, 2);
+  t.ddelta = o.scaled(5, 10);
+  t.dA = w.scaled(1, 5);
+  t.dB = var_B ? o : w;
+  t.dC = var_C ? o : w;
+  t.dD = w;
+  t.dz = w;
+  t.ddelta_bias = w;
+  t.dh0 = o.scaled(2, 2);  // not in upstream; as du
+  return t;
+}
+
+// |got - ref| <= atol + rtol |ref| elementwise (NaN never passes). Reports how many fail and the worst one.
+inline ::testing::AssertionResult allclose(const std::string& what, const std::vector<double>& got,
+                                           const std::vector<double>& ref, Tol tol) {
+  if (got.size() != ref.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " vs reference " << ref.size();
+  }
+  int64_t bad = 0, worst = -1;
+  double worst_excess = -1.0, max_abs = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]);
+    const double lim = tol.atol + tol.rtol * std::fabs(ref[i]);
+    if (!(err <= lim)) {
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err / lim;
+      if (excess > worst_excess) worst_excess = excess, worst = static_cast<int64_t>(i);
+    }
+    if (err > max_abs || std::isnan(err)) max_abs = std::isnan(err) ? NAN : std::max(max_abs, err);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os << what << ": " << bad << " of " << got.size() << " elements outside (rtol " << tol.rtol << ", atol "
+     << tol.atol << "); worst at flat index " << worst << ": got " << got[static_cast<size_t>(worst)] << ", ref "
+     << ref[static_cast<size_t>(worst)] << "; max |err| " << max_abs;
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// Largest |got - ref| / (atol + rtol |ref|) (for reporting margins).
+inline double worst_ratio(const std::vector<double>& got, const std::vector<double>& ref, Tol tol) {
+  double w = 0.0;
+  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
+    w = std::max(w, std::fabs(got[i] - ref[i]) / (tol.atol + tol.rtol * std::fabs(ref[i])));
+  return w;
+}
+
+// Rounds reference values to an itype as the compared output is (upstream compares u.grad.to(itype)).
+inline std::vector<double> round_to(const std::vector<double>& v, int32_t itype) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    if (itype == SELSCAN_DTYPE_FLOAT16) r[i] = f16_to_float(float_to_f16(f));
+    else if (itype == SELSCAN_DTYPE_BFLOAT16) r[i] = bf16_to_float(float_to_bf16(f));
+    else r[i] = f;
+  }
+  return r;
+}
+
+}  // namespace selscan_test

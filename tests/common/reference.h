@@ -1,0 +1,63 @@
+// The test oracle: a plain float64 sequential recurrence of the selective scan (forward, last state, chunk
+// states) and its reverse mode, written from the math (docs/numerics.md) with straightforward loops. It shares
+// no code with src/. Real and complex weights run through the same complex<double> code: for real weights
+// every value has imaginary part 0 and the output factor kappa is 1 (complex: y += 2 Re(h C), kappa = 2).
+//
+// It always scans the true state h (B applied inside b̄); the upstream fold_B convention appears only in the
+// chunk states xH (= h / B[d,n] when B is constant and there is no h0).
+#pragma once
+
+#include <complex>
+#include <cstdint>
+#include <vector>
+
+namespace selscan_test {
+
+using cd = std::complex<double>;
+
+struct RefProblem {
+  int64_t Bt = 1, D = 1, L = 1, N = 1, G = 1;
+  bool cplx = false, var_B = true, var_C = true, softplus = false;
+  bool has_D = false, has_z = false, has_bias = false, has_h0 = false;
+  std::vector<double> u, delta, z;  // (Bt, D, L)
+  std::vector<cd> A;                // (D, N)
+  std::vector<cd> B, C;             // variable: (Bt, G, N, L); constant: (D, N)
+  std::vector<double> Dv, bias;     // (D)
+  std::vector<cd> h0;               // (Bt, D, N)
+
+  int64_t nchunks() const { return (L + 2047) / 2048; }
+  bool fold_B() const { return !var_B && !has_h0; }
+  int64_t bdl(int64_t b, int64_t d, int64_t t) const { return (b * D + d) * L + t; }
+  int64_t bdn(int64_t b, int64_t d, int64_t n) const { return (b * D + d) * N + n; }
+  int64_t dn(int64_t d, int64_t n) const { return d * N + n; }
+  int64_t bgnl(int64_t b, int64_t g, int64_t n, int64_t t) const { return ((b * G + g) * N + n) * L + t; }
+  int64_t group(int64_t d) const { return d / (D / G); }
+};
+
+struct RefFwd {
+  std::vector<double> y;       // (Bt, D, L) before the gate
+  std::vector<double> out_z;   // (Bt, D, L) y * silu(z) (when z)
+  std::vector<cd> last_state;  // (Bt, D, N) true state after position L-1
+  std::vector<cd> xP, xH;      // (Bt, D, nc, N) chunk states (xH in the fold_B convention)
+};
+
+struct RefBwd {
+  std::vector<double> du, ddelta, dz;  // (Bt, D, L)
+  std::vector<cd> dA;                  // (D, N)
+  std::vector<cd> dB, dC;              // shaped like B, C
+  std::vector<double> dD, dbias;       // (D)
+  std::vector<cd> dh0;                 // (Bt, D, N)
+};
+
+RefFwd ref_forward(const RefProblem& p);
+// dout: gradient of the final output (out_z when z is given, else y). Gradients follow PyTorch's convention
+// for complex inputs of a real loss (dL/dRe + i dL/dIm).
+RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout);
+// sum(dout * final output), the scalar whose gradient ref_backward computes (for finite differences).
+double ref_loss(const RefProblem& p, const std::vector<double>& dout);
+
+// Flatten complex values for comparison with a tensor's values(): interleaved re/im when `cplx`, else the
+// real parts.
+std::vector<double> flatten(const std::vector<cd>& v, bool cplx);
+
+}  // namespace selscan_test

@@ -1,0 +1,64 @@
+#include "check.h"
+
+#include <algorithm>
+
+namespace selscan_test {
+
+double& worst_seen() {
+  static double w = 0.0;
+  return w;
+}
+
+namespace {
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& ref, Tol tol) {
+  EXPECT_TRUE(allclose(what, got, ref, tol));
+  worst_seen() = std::max(worst_seen(), worst_ratio(got, ref, tol));
+}
+}  // namespace
+
+void check_case(const CaseSpec& spec, int threads, bool bwd) {
+  SCOPED_TRACE(spec.str());
+  Case c = make_case(spec);
+  std::vector<std::vector<unsigned char>> inputs_before;
+  for (Tensor* t : c.inputs()) inputs_before.push_back(t->storage);
+
+  ASSERT_EQ(run_fwd(c, cpu_exec(threads)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  for (auto& [name, t] : c.named_fwd_outputs()) {
+    const std::string err = t->check_written(kPoison, kPoison);
+    EXPECT_TRUE(err.empty()) << name << ": " << err;
+  }
+  const RefProblem rp = ref_problem(c);
+  const RefFwd f = ref_forward(rp);
+  const Tolerances tol = upstream_tolerances(spec.itype, spec.has_z, spec.var_B, spec.var_C);
+  const int32_t it = spec.itype;
+  expect_close("out", c.out.values(), round_to(f.y, it), tol.out);
+  if (spec.has_z) expect_close("out_z", c.out_z.values(), round_to(f.out_z, it), tol.out);
+  if (spec.with_last_state)
+    expect_close("last_state", c.last_state.values(), flatten(f.last_state, spec.complex), tol.last_state);
+  if (spec.with_x) expect_close("x", c.x.values(), ref_x_values(f, c), tol.x);
+  if (!bwd) return;
+
+  ASSERT_EQ(run_bwd(c, cpu_exec(threads)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  for (auto& [name, t] : c.named_bwd_outputs()) {
+    const std::string err = t->check_written(kPoison, kPoison);
+    EXPECT_TRUE(err.empty()) << name << ": " << err;
+  }
+  const RefBwd g = ref_backward(rp, ref_dout(c));
+  const bool cx = spec.complex;
+  expect_close("du", c.du.values(), round_to(g.du, it), tol.du);
+  expect_close("ddelta", c.ddelta.values(), round_to(g.ddelta, it), tol.ddelta);
+  expect_close("dA", c.dA.values(), flatten(g.dA, cx), tol.dA);
+  expect_close("dB", c.dB.values(), spec.var_B ? round_to(flatten(g.dB, cx), it) : flatten(g.dB, cx), tol.dB);
+  expect_close("dC", c.dC.values(), spec.var_C ? round_to(flatten(g.dC, cx), it) : flatten(g.dC, cx), tol.dC);
+  if (spec.has_D) expect_close("dD", c.dD.values(), g.dD, tol.dD);
+  if (spec.has_delta_bias) expect_close("ddelta_bias", c.ddelta_bias.values(), g.dbias, tol.ddelta_bias);
+  if (spec.has_z) expect_close("dz", c.dz.values(), round_to(g.dz, it), tol.dz);
+  if (c.dh0.present()) expect_close("dh0", c.dh0.values(), flatten(g.dh0, cx), tol.dh0);
+  if (c.out_z_bwd.present()) expect_close("out_z(bwd)", c.out_z_bwd.values(), round_to(f.out_z, it), tol.out);
+
+  // Inputs are read-only (bytes, guards and gaps included).
+  std::vector<Tensor*> ins = c.inputs();
+  for (size_t i = 0; i < ins.size(); ++i) EXPECT_TRUE(ins[i]->storage == inputs_before[i]) << "input " << i << " modified";
+}
+
+}  // namespace selscan_test
