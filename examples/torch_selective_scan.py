@@ -4,7 +4,8 @@
     SELSCAN_LIBRARY=build/ci/libselscan.so PYTHONPATH=python python3 examples/torch_selective_scan.py
 
 Checks the output and the gradients against a plain PyTorch loop (upstream's selective_scan_ref math, written
-here in float64), then runs the same call under torch.compile(fullgraph=True). Uses CUDA when torch sees a GPU.
+here in float64), then runs the same call under torch.compile(fullgraph=True). Device: the first argument
+(cpu | cuda), default cuda when torch sees a GPU (that needs a CUDA build of libselscan).
 """
 
 import sys
@@ -28,7 +29,7 @@ def reference(u, delta, A, B, C, D, z, delta_bias):
 
 
 def main():
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = sys.argv[1] if len(sys.argv) > 1 else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     batch, dim, seqlen, dstate = 2, 64, 256, 16
     u = torch.randn(batch, dim, seqlen, device=dev, requires_grad=True)

@@ -6,25 +6,57 @@ model's own slow (pure PyTorch) path: logits, loss and every parameter gradient,
 
 Needs torch and transformers (MambaForCausalLM); a CUDA build of libselscan for --device cuda (the default when
 torch sees a GPU), any build for --device cpu. Exit status 0 iff the comparison is within tolerance.
-The patched mixer forward below is the model's slow_forward with its Python scan loop replaced by one call of
-selscan.torch.selective_scan_fn (the same call mamba_ssm's fast path makes); decoding with a cache keeps the
-model's own path.
+Only the selective scan is replaced, by selscan.torch.selective_scan_fn (the call mamba_ssm's kernel path makes):
+transformers >= 5 through its module-level mamba_selective_scan, older releases through MambaMixer.forward.
 """
 
 import argparse
+import contextlib
 import copy
 import sys
 import time
 import types
 
 import torch
+import transformers
+import transformers.models.mamba.modeling_mamba as mm
 from transformers import MambaConfig, MambaForCausalLM
 
 from selscan.torch import selective_scan_fn
 
 
+# transformers >= 5 calls a module-level mamba_selective_scan (upstream's selective_scan_fn signature) from
+# MambaMixer.forward; older releases have the scan loop inside MambaMixer.slow_forward. Both are handled.
+NEW_API = hasattr(mm, "mamba_selective_scan")
+SELSCAN_CALLS = [0]  # proof that the patched model really ran through selscan (and the reference did not)
+
+
+def selscan_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                 return_last_state=False, **unused):
+    SELSCAN_CALLS[0] += 1
+    return selective_scan_fn(hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+
+
+@contextlib.contextmanager
+def scan_backend(use_selscan):
+    """transformers >= 5: swap the module's scan function for the duration of a forward/backward. Both models
+    take the unfused path (mamba_inner_fn -> None), so only the scan differs between them."""
+    if not NEW_API:
+        yield
+        return
+    saved = mm.mamba_selective_scan, mm.mamba_inner_fn
+    if use_selscan:
+        mm.mamba_selective_scan = selscan_scan
+    mm.mamba_inner_fn = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        mm.mamba_selective_scan, mm.mamba_inner_fn = saved
+
+
 def selscan_mixer_forward(self, hidden_states, cache_params=None, cache_position=None, attention_mask=None,
                           **kwargs):
+    """transformers < 5: the mixer's slow_forward with its Python scan loop replaced by one selscan call."""
     if cache_params is not None:  # single-token decoding and cache bookkeeping stay with transformers
         return self.slow_forward(hidden_states, cache_params, cache_position, attention_mask)
     seq_len = hidden_states.shape[1]
@@ -39,28 +71,32 @@ def selscan_mixer_forward(self, hidden_states, cache_params=None, cache_position
     # dt_proj without its bias: the bias and the softplus are applied inside the scan (delta_bias, softplus).
     delta = (dt @ self.dt_proj.weight.t()).transpose(1, 2)
     A = -torch.exp(self.A_log.float())
+    SELSCAN_CALLS[0] += 1
     y = selective_scan_fn(x, delta, A, B.transpose(1, 2), C.transpose(1, 2), self.D.float(), z=gate,
                           delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
     return self.out_proj(y.transpose(1, 2))
 
 
 def slow_only_forward(self, hidden_states, cache_params=None, cache_position=None, attention_mask=None, **kwargs):
-    # The reference: always the model's pure-PyTorch path, even where mamba_ssm's kernels are installed.
+    # transformers < 5 reference: always the pure-PyTorch path, even where mamba_ssm's kernels are installed.
     return self.slow_forward(hidden_states, cache_params, cache_position, attention_mask)
 
 
-def patch(model, fn):
-    n = 0
-    for layer in model.backbone.layers:
-        layer.mixer.forward = types.MethodType(fn, layer.mixer)
-        n += 1
-    return n
+def patch(model, use_selscan):
+    model.use_selscan = use_selscan
+    layers = model.backbone.layers
+    if not NEW_API:
+        for layer in layers:
+            fn = selscan_mixer_forward if use_selscan else slow_only_forward
+            layer.mixer.forward = types.MethodType(fn, layer.mixer)
+    return len(layers)
 
 
 def fwd_bwd(model, ids):
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
+    with scan_backend(model.use_selscan):
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
     return out
 
 
@@ -100,14 +136,21 @@ def main():
         sys.exit(f"config.hidden_act is {config.hidden_act}; the scan's gate is silu")
     ref = MambaForCausalLM(config).to(device=device, dtype=dtype).train()
     ours = copy.deepcopy(ref)
-    patch(ref, slow_only_forward)
-    n = patch(ours, selscan_mixer_forward)
+    patch(ref, False)
+    n = patch(ours, True)
     ids = torch.randint(0, args.vocab, (args.batch, args.seqlen), device=device)
     print(f"MambaForCausalLM: {n} layers, hidden {args.hidden}, d_inner {config.intermediate_size}, "
-          f"state {args.state}, {args.dtype} on {device}; batch {args.batch} x seqlen {args.seqlen}")
+          f"state {args.state}, {args.dtype} on {device}; batch {args.batch} x seqlen {args.seqlen}; "
+          f"transformers {transformers.__version__}, reference scan: "
+          f"{'mamba_selective_scan' if NEW_API else 'MambaMixer.slow_forward'}")
 
     o_ref = fwd_bwd(ref, ids)
+    if SELSCAN_CALLS[0] != 0:
+        sys.exit("the reference model called selscan: the patching is wrong for this transformers version")
     o_our = fwd_bwd(ours, ids)
+    print(f"selscan calls in one forward of the patched model: {SELSCAN_CALLS[0]}")
+    if SELSCAN_CALLS[0] != n:
+        sys.exit(f"expected {n} selscan calls (one per layer); this transformers version needs another patch")
     logit_err = ((o_our.logits.float() - o_ref.logits.float()).abs().max()
                  / o_ref.logits.float().abs().max()).item()
     loss_err = abs(o_our.loss.item() - o_ref.loss.item()) / abs(o_ref.loss.item())

@@ -39,11 +39,10 @@ def _bwd_impl(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus,
     be = TorchBackend(u)
     p = _core.prepare(be, u, delta, A, B, C, D, z, delta_bias)
     g = _core.run_bwd(p, dout, delta_softplus, deterministic=deterministic, saved_out=out, saved_x=x)
-    empty = u.new_empty((0,))
     res = []
     for k in ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"):
         v = _core.user_grad(p, k, g[k])
-        res.append(empty if v is None else v)
+        res.append(u.new_empty((0,)) if v is None else v)  # one tensor each: custom-op outputs may not alias
     return tuple(res)
 
 
@@ -70,11 +69,13 @@ def _fake_bwd(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus,
             return X.new_empty(X.shape, dtype=torch.complex64 if X.is_complex() else u.dtype)
         return X.new_empty(X.shape, dtype=wt)
 
-    empty = u.new_empty((0,))
+    def empty():
+        return u.new_empty((0,))
+
     return (u.new_empty(u.shape), u.new_empty(delta.shape), A.new_empty(A.shape, dtype=wt), bc_grad(B), bc_grad(C),
-            D.new_empty(D.shape, dtype=torch.float32) if D is not None else empty,
-            u.new_empty(z.shape) if z is not None else empty,
-            delta_bias.new_empty(delta_bias.shape, dtype=torch.float32) if delta_bias is not None else empty)
+            D.new_empty(D.shape, dtype=torch.float32) if D is not None else empty(),
+            u.new_empty(z.shape) if z is not None else empty(),
+            delta_bias.new_empty(delta_bias.shape, dtype=torch.float32) if delta_bias is not None else empty())
 
 
 def _grads_to_inputs(grads, inputs):
