@@ -333,6 +333,8 @@ EnvFacts env_facts(Report& r, const LibraryFacts& lib) {
   EnvFacts f;
   const Version built = parse_version(lib.cuda_toolkit);
   // Toolkits installed side by side: the usual source of "built with one, linked with another".
+  // Aliases (cuda-13 -> cuda-13.0) are one install: count real directories.
+  std::set<std::string> seen;
   for (const std::string& name : list_dir("/usr/local")) {
     if (name.rfind("cuda", 0) != 0) continue;
     const std::string p = "/usr/local/" + name;
@@ -341,8 +343,12 @@ EnvFacts env_facts(Report& r, const LibraryFacts& lib) {
       f.cuda_symlink = real_path(p);
       continue;
     }
-    f.installs.emplace_back(p, toolkit_version(p).text());
+    const std::string real = real_path(p);
+    if (!seen.insert(real).second) continue;
+    f.installs.emplace_back(real, toolkit_version(real).text());
   }
+  if (!f.cuda_symlink.empty() && seen.insert(f.cuda_symlink).second)
+    f.installs.emplace_back(f.cuda_symlink, toolkit_version(f.cuda_symlink).text());
   if (f.installs.empty() && f.cuda_symlink.empty()) {
     r.add(Level::info, "no CUDA toolkit under /usr/local (only needed to build the GPU path)");
   } else {
