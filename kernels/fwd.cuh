@@ -1,0 +1,372 @@
+// The selective-scan forward kernel (upstream semantics §1.3 + the fold_B rule of src/problem.h).
+//
+// Mapping: a block = (batch b, up to 8 consecutive channels of one group), one WARP per channel. A warp walks
+// the sequence in pieces of 32 lanes x K consecutive time steps (a piece never straddles a 2048-chunk since
+// 32*K divides 2048). Per piece each lane loads its K values of u/delta, then for every state n:
+//   K exp2 -> K pairs (a, b) -> a thread-local fold -> a 5-step warp shuffle scan seeded by the running
+//   (P, H) of that state (kept in shared memory across pieces) -> h per item with K FMAs -> y += h*coef.
+// y accumulates in registers across states. Variable B/C rows of a piece are staged once per block into
+// shared memory (converted to fp32), shared by all the channels of the block: they belong to one group.
+// The state loop has no block barrier except around that staging (two per tile of kStateTile states).
+// Compile-time parameters: only the itype and real/complex. Every flag is a uniform run-time branch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common.cuh"
+#include "errors.h"
+#include "problem.h"
+
+namespace selscan::kern {
+
+constexpr int kFwdMaxWarps = 8;   // channels per block
+
+template <bool kComplex>
+struct FwdTraits;
+template <>
+struct FwdTraits<false> {
+  using W = float;
+  static constexpr int kStateTile = 16;  // states of variable B/C staged per barrier pair
+  static constexpr int kCw = 1;          // floats per time step in a staged B/C row
+};
+template <>
+struct FwdTraits<true> {
+  using W = float2;
+  static constexpr int kStateTile = 8;
+  static constexpr int kCw = 2;
+};
+
+template <bool kComplex>
+__device__ __forceinline__ typename FwdTraits<kComplex>::W load_w(const void* base, int64_t off) {
+  if constexpr (kComplex) return __ldg(static_cast<const float2*>(base) + off);
+  else return __ldg(static_cast<const float*>(base) + off);
+}
+
+// Variable B or C rows n0..n0+ns-1 of the piece starting at t0, for (batch b, group g), into shared memory as
+// fp32. Layout: float4 index ((nn * kVpl + j) * 32 + lane), j < kVpl = K*kCw/4, so a lane's K steps sit in kVpl
+// float4 with lanes adjacent (conflict-free 16-byte reads). Steps past L are staged as 0.
+template <typename T, bool kComplex, int K>
+__device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b, int64_t g, int64_t n0, int ns,
+                                          int64_t t0, int64_t L) {
+  constexpr int kCw = FwdTraits<kComplex>::kCw;
+  constexpr int kLaneFloats = K * kCw;  // floats one lane reads per state
+  constexpr int kVpl = kLaneFloats / 4;
+  constexpr int VE = Vec16<T>::kElems;          // itype elements per 16-byte load
+  constexpr int kVecPerRow = 32 * K * kCw / VE;
+  static_assert(kLaneFloats % VE == 0, "a 16-byte load must stay within one lane's steps");
+  const int64_t row_len = L * kCw;
+  const int64_t e0 = t0 * kCw;
+  const T* base = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1];
+  const int total = ns * kVecPerRow;
+  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int nn = idx / kVecPerRow;
+    const int e = (idx % kVecPerRow) * VE;  // element offset within the piece's row segment
+    const T* src = base + (n0 + nn) * v.s[2] + e0 + e;
+    float vals[VE];
+    if (e0 + e + VE <= row_len && aligned16(src)) {
+      load16(src, vals);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VE; ++j) vals[j] = (e0 + e + j < row_len) ? to_f32(src[j]) : 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < VE / 4; ++q) {
+      const int eq = e + 4 * q;
+      const int ln = eq / kLaneFloats;
+      const int f = eq % kLaneFloats;
+      dst[(nn * kVpl + f / 4) * 32 + ln] = make_float4(vals[4 * q], vals[4 * q + 1], vals[4 * q + 2], vals[4 * q + 3]);
+    }
+  }
+}
+
+// Reads a lane's K staged steps of one state row: real -> K floats, complex -> K float2.
+template <bool kComplex, int K>
+__device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int lane,
+                                               typename FwdTraits<kComplex>::W* out) {
+  constexpr int kVpl = K * FwdTraits<kComplex>::kCw / 4;
+#pragma unroll
+  for (int j = 0; j < kVpl; ++j) {
+    const float4 q = src[(nn * kVpl + j) * 32 + lane];
+    if constexpr (kComplex) {
+      out[2 * j] = make_float2(q.x, q.y);
+      out[2 * j + 1] = make_float2(q.z, q.w);
+    } else {
+      out[4 * j] = q.x;
+      out[4 * j + 1] = q.y;
+      out[4 * j + 2] = q.z;
+      out[4 * j + 3] = q.w;
+    }
+  }
+}
+
+// Loads K itype values of a row starting at time tl (vector path when the lane's steps are all in range and
+// the row base is 16-byte aligned; a piece offset is always a multiple of 16 bytes then). Steps >= L read 0.
+template <int K, typename T>
+__device__ __forceinline__ void fwd_load_items(const T* row, int64_t tl, int64_t L, bool vec, float* out) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && tl + K <= L) {
+#pragma unroll
+    for (int v = 0; v < K / VE; ++v) load16(row + tl + v * VE, out + v * VE);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) out[k] = (tl + k < L) ? to_f32(row[tl + k]) : 0.f;
+  }
+}
+
+template <int K, typename T>
+__device__ __forceinline__ void fwd_store_items(T* row, int64_t tl, int64_t L, bool vec, const float* in) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && tl + K <= L) {
+#pragma unroll
+    for (int v = 0; v < K / VE; ++v) store16(row + tl + v * VE, in + v * VE);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (tl + k < L) row[tl + k] = from_f32<T>(in[k]);
+  }
+}
+
+__device__ __forceinline__ float wscale(float a, float s) { return a * s; }
+__device__ __forceinline__ float2 wscale(float2 a, float s) { return cscale(a, s); }
+// y += h * coef (real); y += 2 Re(h * coef) (complex weights, conjugate-pair convention).
+__device__ __forceinline__ float fwd_out_acc(float h, float c, float y) { return fmaf(h, c, y); }
+__device__ __forceinline__ float fwd_out_acc(float2 h, float2 c, float y) { return y + 2.f * (h.x * c.x - h.y * c.y); }
+
+// Per-warp, per-state values kept in shared memory for the whole sequence: the running (P, H) of the scan and
+// the constants of the state (A*log2e, the scale of b̄ and the output coefficient), so the state loop reads
+// them with broadcast loads instead of strided global loads.
+enum FwdSlot : int { kSlotP = 0, kSlotH, kSlotA, kSlotBs, kSlotCc, kSlots };
+
+template <typename T, bool kComplex, int K, int kMinBlocks>
+__global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(const Problem p, int64_t tiles_per_group) {
+  using Tr = FwdTraits<kComplex>;
+  using W = typename Tr::W;
+  constexpr int NS = Tr::kStateTile;
+  constexpr int kVpl = K * Tr::kCw / 4;
+  constexpr int kPiece = 32 * K;
+  static_assert(kChunk % kPiece == 0, "a piece must not straddle a chunk of x");
+  extern __shared__ float4 smem[];
+
+  const int nwarps = static_cast<int>(blockDim.x / 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t L = p.seqlen;
+  const int64_t N = p.dstate;
+  const int64_t cpg = p.dim / p.groups;
+  int64_t blk = blockIdx.x;
+  const int64_t tile = blk % tiles_per_group;
+  blk /= tiles_per_group;
+  const int64_t g = blk % p.groups;
+  const int64_t b = blk / p.groups;
+  const int64_t dl = tile * nwarps + warp;
+  // Warps past the group's last channel still stage and meet the barriers; they compute and store nothing.
+  const bool active = dl < cpg;
+  const int64_t d = g * cpg + (active ? dl : 0);
+  const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+
+  float4* sB = smem;
+  float4* sC = sB + (var_B ? NS * kVpl * 32 : 0);
+  W* st = reinterpret_cast<W*>(sC + (var_C ? NS * kVpl * 32 : 0)) + static_cast<int64_t>(warp) * N * kSlots;
+  W* sP = st + kSlotP * N;
+  W* sH = st + kSlotH * N;
+  W* sA = st + kSlotA * N;
+  W* sBs = st + kSlotBs * N;
+  W* sCc = st + kSlotCc * N;
+
+  const T* u_row = static_cast<const T*>(p.u.p) + b * p.u.s[0] + d * p.u.s[1];
+  const T* dt_row = static_cast<const T*>(p.delta.p) + b * p.delta.s[0] + d * p.delta.s[1];
+  const bool has_z = (p.z.p != nullptr);
+  const T* z_row = has_z ? static_cast<const T*>(p.z.p) + b * p.z.s[0] + d * p.z.s[1] : nullptr;
+  T* out_row = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
+  T* oz_row = has_z ? static_cast<T*>(p.out_z.p) + b * p.out_z.s[0] + d * p.out_z.s[1] : nullptr;
+  const bool vec_in = aligned16(u_row) && aligned16(dt_row);
+  const bool vec_z = has_z && aligned16(z_row) && aligned16(oz_row);
+  const bool vec_out = aligned16(out_row);
+
+  const float bias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + d * p.delta_bias.s[0]) : 0.f;
+  const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + d * p.D.s[0]) : 0.f;
+
+  if (active) {
+    for (int64_t n = lane; n < N; n += 32) {
+      sP[n] = wone<W>();
+      sH[n] = (p.h0.p != nullptr) ? load_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : wzero<W>();
+      const W a = load_w<kComplex>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
+      if constexpr (kComplex) sA[n] = make_float2(a.x * kLog2e, a.y);  // only the real part is log2e-scaled
+      else sA[n] = a * kLog2e;
+      const W cB = var_B ? wone<W>() : load_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+      const W cC = var_C ? wone<W>() : load_w<kComplex>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
+      // fold_B: the scan runs without B and B joins the output coefficient (upstream's constant-B rule);
+      // otherwise a constant B scales b̄ = B * delta * u.
+      sBs[n] = fold_B ? wone<W>() : cB;
+      sCc[n] = fold_B ? wmul(cB, cC) : cC;
+    }
+    __syncwarp();
+  }
+
+  const int64_t npieces = (L + kPiece - 1) / kPiece;
+  for (int64_t pc = 0; pc < npieces; ++pc) {
+    const int64_t t0 = pc * kPiece;
+    const int64_t tl = t0 + static_cast<int64_t>(lane) * K;
+    const int64_t tend = t0 + kPiece;
+    const bool chunk_end = (tend % kChunk == 0) || tend >= L;
+    float dlt[K], du[K], y[K];
+    float dsum = 0.f;  // sum of the lane's deltas: its decay product is exp2(A2 * dsum) (real weights)
+    if (active) {
+      fwd_load_items<K>(u_row, tl, L, vec_in, du);
+      fwd_load_items<K>(dt_row, tl, L, vec_in, dlt);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        float v = dlt[k] + bias;
+        if (p.softplus) v = softplus(v);
+        // Steps past L become the identity step (a = exp2(0) = 1, b = 0); they are never stored.
+        if (tl + k >= L) v = 0.f;
+        dlt[k] = v;
+        dsum += v;
+        y[k] = Dd * du[k];
+        du[k] = v * du[k];
+      }
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += NS) {
+      const int ns = static_cast<int>(N - n0 < NS ? N - n0 : NS);
+      if (var_B || var_C) {
+        __syncthreads();  // the previous tile's readers are done
+        if (var_B) fwd_stage<T, kComplex, K>(sB, p.B, b, g, n0, ns, t0, L);
+        if (var_C) fwd_stage<T, kComplex, K>(sC, p.C, b, g, n0, ns, t0, L);
+        __syncthreads();
+      }
+      if (!active) continue;
+      for (int nn = 0; nn < ns; ++nn) {
+        const int64_t n = n0 + nn;
+        const W A2 = sA[n];
+        // Uniform branches on the flags, each with its own unrolled loop: a select per step would cost as much
+        // as the arithmetic it picks.
+        W a[K], bb[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          if constexpr (kComplex) a[k] = cexp2_fast(dlt[k] * A2.x, dlt[k] * A2.y);
+          else a[k] = exp2_fast(dlt[k] * A2);
+        }
+        if (var_B) {
+          W bv[K];
+          fwd_read_stage<kComplex, K>(sB, nn, lane, bv);
+#pragma unroll
+          for (int k = 0; k < K; ++k) bb[k] = wscale(bv[k], du[k]);
+        } else {
+          const W bs = sBs[n];
+#pragma unroll
+          for (int k = 0; k < K; ++k) bb[k] = wscale(bs, du[k]);
+        }
+        W Pa, Hb = bb[0];
+#pragma unroll
+        for (int k = 1; k < K; ++k) Hb = wfma(a[k], Hb, bb[k]);
+        if constexpr (kComplex) {
+          Pa = a[0];
+#pragma unroll
+          for (int k = 1; k < K; ++k) Pa = cmul(a[k], Pa);
+        } else {
+          Pa = exp2_fast(dsum * A2);  // one exp2 instead of K-1 multiplies
+        }
+        W cH = wzero<W>();
+        if (lane == 0) {  // seed with the state carried from the previous pieces
+          const W cP = sP[n];
+          cH = sH[n];
+          Hb = wfma(Pa, cH, Hb);
+          Pa = wmul(Pa, cP);
+        }
+        warp_scan_fwd(Pa, Hb, lane);
+        W h = shfl_up(Hb, 1);
+        if (lane == 0) h = cH;
+        if (var_C) {
+          W cv[K];
+          fwd_read_stage<kComplex, K>(sC, nn, lane, cv);
+          if (fold_B) {  // constant B joins the coefficient
+            const W cc = sCc[n];
+#pragma unroll
+            for (int k = 0; k < K; ++k) cv[k] = wmul(cc, cv[k]);
+          }
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            h = wfma(a[k], h, bb[k]);
+            y[k] = fwd_out_acc(h, cv[k], y[k]);
+          }
+        } else {
+          const W cc = sCc[n];
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            h = wfma(a[k], h, bb[k]);
+            y[k] = fwd_out_acc(h, cc, y[k]);
+          }
+        }
+        __syncwarp();  // lane 0's read of this state's carry precedes lane 31's update
+        if (lane == 31) {
+          sP[n] = Pa;
+          sH[n] = Hb;
+          if (chunk_end && (p.x.p != nullptr)) {
+            W* xr = static_cast<W*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2] + 2 * n;
+            xr[0] = Pa;
+            xr[1] = Hb;
+          }
+        }
+      }
+    }
+    if (!active) continue;
+    __syncwarp();  // lane 31's carry writes are visible to lane 0 in the next piece
+    fwd_store_items<K>(out_row, tl, L, vec_out, y);
+    if (has_z) {
+      float zz[K];
+      fwd_load_items<K>(z_row, tl, L, vec_z, zz);
+#pragma unroll
+      for (int k = 0; k < K; ++k) zz[k] = y[k] * silu(zz[k]);
+      fwd_store_items<K>(oz_row, tl, L, vec_z, zz);
+    }
+  }
+
+  if (active && (p.last_state.p != nullptr)) {
+    for (int64_t n = lane; n < N; n += 32) {
+      W h = sH[n];
+      if (fold_B) h = wmul(h, load_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));  // true state = B * H
+      static_cast<W*>(p.last_state.p)[b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2]] = h;
+    }
+  }
+}
+
+// One configuration (K steps per lane, launch-bounds occupancy hint) of the forward for itype T.
+template <typename T, bool kComplex, int K, int kMinBlocks>
+Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
+  using Tr = FwdTraits<kComplex>;
+  const int64_t cpg = p.dim / p.groups;
+  const int warps = static_cast<int>(std::min<int64_t>(kFwdMaxWarps, cpg));
+  const int64_t tiles = (cpg + warps - 1) / warps;
+  const int64_t blocks = p.batch * p.groups * tiles;
+  if (blocks > 0x7fffffffLL)
+    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(warps) +
+                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
+  const size_t stage = static_cast<size_t>(Tr::kStateTile) * K * Tr::kCw * 32 * sizeof(float);
+  const size_t smem = (p.var_B ? stage : 0) + (p.var_C ? stage : 0) +
+                      static_cast<size_t>(warps) * p.dstate * kSlots * sizeof(typename Tr::W);
+  auto* kernel = &fwd_kernel<T, kComplex, K, kMinBlocks>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess)
+      return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward: cudaFuncSetAttribute(shared memory) failed: ") +
+                                                 cudaGetErrorString(e));
+  }
+  kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, tiles);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward kernel launch failed: ") + cudaGetErrorString(e));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+// The configuration the library ships per (itype, real/complex).
+template <typename T, bool kComplex>
+Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
+  if constexpr (kComplex) return launch_fwd_cfg<T, true, 8, 2>(p, stream);
+  else return launch_fwd_cfg<T, false, 16, 2>(p, stream);
+}
+
+}  // namespace selscan::kern
