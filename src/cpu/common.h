@@ -141,7 +141,6 @@ template <>
 inline cfloat wone<cfloat>() { return {1.f, 0.f}; }
 
 // ---------------------------------------------------------------------------------------------- scalar math
-inline float softplus_fwd(float v) { return v <= 20.f ? std::log1p(std::exp(v)) : v; }
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
 // Padded state count: the kernels work on blocks of 8 states (one AVX2 vector).

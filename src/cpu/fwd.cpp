@@ -80,12 +80,15 @@ Status fwd_impl(const Problem& p, int num_threads) {
         const int64_t d = d0 + r;
         const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
         load_delta(p, b, d, t0, T, s.delta.data());
-        load_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
+        const float* u = input_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
         // Upstream multiplies by D even when it is absent (D = 0), so NaN/inf in u reach y either way.
         const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
+        float* du = s.du.data();
+        float* y = s.y.data();
+        const float* dl = s.delta.data();
         for (int64_t t = 0; t < T; ++t) {
-          s.du[static_cast<size_t>(t)] = s.delta[static_cast<size_t>(t)] * s.u[static_cast<size_t>(t)];
-          s.y[static_cast<size_t>(t)] = Dd * s.u[static_cast<size_t>(t)];
+          du[t] = dl[t] * u[t];
+          y[t] = Dd * u[t];
         }
         W* h = s.h.data() + r * Np;
         W* P = s.P.data() + r * Np;
@@ -96,12 +99,10 @@ Status fwd_impl(const Problem& p, int num_threads) {
 
         store_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, s.y.data());
         if (p.z.present()) {
-          load_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, s.z.data());
-          for (int64_t t = 0; t < T; ++t) {
-            const float zt = s.z[static_cast<size_t>(t)];
-            s.z[static_cast<size_t>(t)] = s.y[static_cast<size_t>(t)] * zt / (1.f + std::exp(-zt));
-          }
-          store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, s.z.data());
+          const float* z = input_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, s.z.data());
+          float* oz = s.u.data();  // u is no longer needed
+          for (int64_t t = 0; t < T; ++t) oz[t] = y[t] * z[t] / (1.f + std::exp(-z[t]));
+          store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, oz);
         }
         if (with_P && chunk_end) {
           const int64_t c = (t0 + T - 1) / kChunk;

@@ -60,7 +60,8 @@ struct KernelTable {
   const char* name;
   FwdFn fwd[2][2][2];  // [B variable][C variable][with_P]
   BwdFn bwd[2][2][2];  // [B variable][C variable][fold_B]
-  float (*exp2)(float);  // the kernels' exp2 (exposed for testing)
+  float (*exp2)(float);                 // the kernels' exp2 (exposed for testing)
+  void (*softplus)(float* v, int64_t n);  // in place: v > 20 ? v : log1p(exp(v))
 };
 
 // The best table this CPU runs (AVX2+FMA when available, else portable). SELSCAN_CPU_KERNELS=generic in the

@@ -40,9 +40,15 @@ inline V vset(float x) { return V{vf8{x, x, x, x, x, x, x, x}}; }
 inline V operator+(V a, V b) { return V{a.v + b.v}; }
 inline V operator-(V a, V b) { return V{a.v - b.v}; }
 inline V operator*(V a, V b) { return V{a.v * b.v}; }
+inline V operator/(V a, V b) { return V{a.v / b.v}; }
 inline M operator<(V a, V b) { return M{a.v < b.v}; }
 inline M operator>(V a, V b) { return M{a.v > b.v}; }
 inline M isnan(V a) { return M{a.v != a.v}; }
+inline V vabs(V a) {
+  const vu8 magnitude = {0x7fffffffu, 0x7fffffffu, 0x7fffffffu, 0x7fffffffu,
+                         0x7fffffffu, 0x7fffffffu, 0x7fffffffu, 0x7fffffffu};
+  return V{(vf8)((vu8)a.v & magnitude)};
+}
 inline V select(M m, V a, V b) {  // m ? a : b
   return V{(vf8)(((vi8)a.v & m.m) | ((vi8)b.v & ~m.m))};
 }
@@ -76,9 +82,11 @@ inline V vset(float x) {
 inline V operator+(V a, V b) { SELSCAN_LANES(a.v[i] += b.v[i]); return a; }
 inline V operator-(V a, V b) { SELSCAN_LANES(a.v[i] -= b.v[i]); return a; }
 inline V operator*(V a, V b) { SELSCAN_LANES(a.v[i] *= b.v[i]); return a; }
+inline V operator/(V a, V b) { SELSCAN_LANES(a.v[i] /= b.v[i]); return a; }
 inline M operator<(V a, V b) { M r; SELSCAN_LANES(r.m[i] = a.v[i] < b.v[i]); return r; }
 inline M operator>(V a, V b) { M r; SELSCAN_LANES(r.m[i] = a.v[i] > b.v[i]); return r; }
 inline M isnan(V a) { M r; SELSCAN_LANES(r.m[i] = a.v[i] != a.v[i]); return r; }
+inline V vabs(V a) { SELSCAN_LANES(a.v[i] = a.v[i] < 0.f ? -a.v[i] : a.v[i]); return a; }
 inline V select(M m, V a, V b) { SELSCAN_LANES(a.v[i] = m.m[i] ? a.v[i] : b.v[i]); return a; }
 inline V ldexp_int(V p, V k) {
   SELSCAN_LANES(uint32_t u; std::memcpy(&u, &p.v[i], 4); u += static_cast<uint32_t>(static_cast<int32_t>(k.v[i])) << 23;
@@ -111,6 +119,65 @@ inline V vexp2(V x) {
   return select(isnan(x), x, res);
 }
 
+// e^x to ~1.2 ulp: x = k ln2 + r (Cody-Waite, |r| <= ln2/2), e^r by its Taylor polynomial of degree 7.
+// Below e^-87.33 (2^-126) the result flushes to 0; above 88.72 it is inf.
+inline V vexp(V x) {
+  V xc = select(x > vset(-88.f), x, vset(-88.f));
+  xc = select(xc < vset(88.8f), xc, vset(88.8f));
+  const V magic = vset(12582912.f);
+  const V k = (xc * vset(1.44269504f) + magic) - magic;
+  V r = vfma(k, vset(-0.693145751953125f), xc);  // ln2 split in a short high part (k * hi exact) and the rest
+  r = vfma(k, vset(-1.428606765330187e-06f), r);
+  V p = vset(1.f / 5040.f);
+  p = vfma(p, r, vset(1.f / 720.f));
+  p = vfma(p, r, vset(1.f / 120.f));
+  p = vfma(p, r, vset(1.f / 24.f));
+  p = vfma(p, r, vset(1.f / 6.f));
+  p = vfma(p, r, vset(0.5f));
+  p = vfma(p, r, vset(1.f));
+  p = vfma(p, r, vset(1.f));
+  V res = ldexp_int(p, k);
+  res = select(x < vset(-87.33654f), vset(0.f), res);
+  res = select(x > vset(88.72283f), vset(HUGE_VALF), res);
+  return select(isnan(x), x, res);
+}
+
+// log(1 + e) for e in [0, 1]: u = 1 + e = 2^k m with m in [1, sqrt 2), log m = 2 atanh(s), s = (m-1)/(m+1),
+// plus the correction (e - (u - 1)) / u for the bits of e lost in u.
+inline V vlog1p01(V e) {
+  const V u = vset(1.f) + e;
+  const M big = u > vset(1.41421356f);
+  const V m = select(big, u * vset(0.5f), u);
+  const V k = select(big, vset(1.f), vset(0.f));
+  const V s = (m - vset(1.f)) / (m + vset(1.f));
+  const V s2 = s * s;
+  V q = vset(2.f / 11.f);
+  q = vfma(q, s2, vset(2.f / 9.f));
+  q = vfma(q, s2, vset(2.f / 7.f));
+  q = vfma(q, s2, vset(2.f / 5.f));
+  q = vfma(q, s2, vset(2.f / 3.f));
+  const V logm = vfma(s * s2, q, s + s);
+  const V corr = (e - (u - vset(1.f))) / u;
+  return vfma(k, vset(0.693145751953125f), vfma(k, vset(1.428606765330187e-06f), logm) + corr);
+}
+
+// softplus as upstream (threshold 20): v > 20 ? v : log(1 + e^v), computed as max(v, 0) + log1p(e^-|v|).
+inline V vsoftplus(V v) {
+  const V sp = select(v > vset(0.f), v, vset(0.f)) + vlog1p01(vexp(vset(0.f) - vabs(v)));
+  return select(v > vset(20.f), v, sp);
+}
+
+void softplus_row(float* v, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vstore(v + i, vsoftplus(vload(v + i)));
+  if (i < n) {
+    float tail[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t j = i; j < n; ++j) tail[j - i] = v[j];
+    vstore(tail, vsoftplus(vload(tail)));
+    for (int64_t j = i; j < n; ++j) v[j] = tail[j - i];
+  }
+}
+
 float ex2_scalar(float x) {
   float in[8] = {x, x, x, x, x, x, x, x}, out[8];
   vstore(out, vexp2(vload(in)));
@@ -123,8 +190,47 @@ inline float hsum(V a) {
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
+// Forward over a block. NV > 0: exactly NV vectors of states (Np == 8 NV), held in registers for the whole
+// block; NV == 0: any Np, states in memory.
+template <bool VB, bool VC, bool WP, int NV>
+void fwd_block_regs(const FwdBlock& k) {
+  V h[NV], P[NV], A2[NV], Cs[NV], Bc[NV], Cc[NV];
+  for (int v = 0; v < NV; ++v) {
+    h[v] = vload(k.h + 8 * v);
+    P[v] = WP ? vload(k.P + 8 * v) : vset(1.f);
+    A2[v] = vload(k.A2 + 8 * v);
+    Cs[v] = VC ? vload(k.Cs + 8 * v) : vset(0.f);
+    Bc[v] = VB ? vset(0.f) : vload(k.Bc + 8 * v);
+    Cc[v] = VC ? vset(0.f) : vload(k.Cc + 8 * v);
+  }
+  const int64_t T = k.T;
+  for (int64_t t = 0; t < T; ++t) {
+    const V dt = vset(k.delta[t]), dut = vset(k.du[t]);
+    V acc = vset(0.f);
+    for (int v = 0; v < NV; ++v) {
+      const V a = vexp2(dt * A2[v]);
+      const V b = VB ? vload(k.Bt + t * 8 * NV + 8 * v) : Bc[v];
+      h[v] = vfma(a, h[v], b * dut);
+      if (WP) P[v] = P[v] * a;
+      const V c = VC ? vload(k.Ct + t * 8 * NV + 8 * v) * Cs[v] : Cc[v];
+      acc = vfma(h[v], c, acc);
+    }
+    k.y[t] += hsum(acc);
+  }
+  for (int v = 0; v < NV; ++v) {
+    vstore(k.h + 8 * v, h[v]);
+    if (WP) vstore(k.P + 8 * v, P[v]);
+  }
+}
+
 template <bool VB, bool VC, bool WP>
 void fwd_block(const FwdBlock& k) {
+  switch (k.Np) {
+    case 8: return fwd_block_regs<VB, VC, WP, 1>(k);
+    case 16: return fwd_block_regs<VB, VC, WP, 2>(k);
+    case 32: return fwd_block_regs<VB, VC, WP, 4>(k);
+    default: break;
+  }
   const int64_t T = k.T, Np = k.Np;
   for (int64_t t = 0; t < T; ++t) {
     const V dt = vset(k.delta[t]), dut = vset(k.du[t]);
@@ -205,6 +311,7 @@ KernelTable table() {
   SELSCAN_FILL(true, true, true)
 #undef SELSCAN_FILL
   t.exp2 = &ex2_scalar;
+  t.softplus = &softplus_row;
   return t;
 }
 

@@ -43,11 +43,16 @@ inline void load_delta(const Problem& p, int64_t b, int64_t d, int64_t t0, int64
                        float* pre = nullptr) {
   load_row(p.itype, p.delta.p, bdl_offset(p.delta, b, d) + t0, T, delta);
   const float bias = p.delta_bias.present() ? fload(p.delta_bias, d * p.delta_bias.s[0]) : 0.f;
-  for (int64_t t = 0; t < T; ++t) {
-    const float v = delta[t] + bias;
-    if (pre != nullptr) pre[t] = v;
-    delta[t] = p.softplus ? softplus_fwd(v) : v;
-  }
+  for (int64_t t = 0; t < T; ++t) delta[t] += bias;
+  if (pre != nullptr) std::memcpy(pre, delta, static_cast<size_t>(T) * sizeof(float));
+  if (p.softplus) kernels().softplus(delta, T);
+}
+
+// A row of an itype input: fp32 rows are used in place, 16-bit rows are converted into `scratch`.
+inline const float* input_row(Dtype it, const void* base, int64_t off, int64_t n, float* scratch) {
+  if (it == Dtype::f32) return static_cast<const float*>(base) + off;
+  load_row(it, base, off, n, scratch);
+  return scratch;
 }
 
 // Variable B or C of (batch b, group g) for t in [t0, t0+T) into dst[t][n] (n < Np; padding 0). `tmp` holds

@@ -8,7 +8,31 @@
 
 #include "common.h"
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#  include <xmmintrin.h>
+#  define SELSCAN_HAVE_MXCSR 1
+#else
+#  define SELSCAN_HAVE_MXCSR 0
+#endif
+
 namespace selscan::cpu {
+namespace {
+
+// Flush-to-zero and denormals-are-zero for the current thread while alive, restored after. Like the CUDA
+// kernels (built with fast math), the CPU path treats subnormals as 0; without this, decaying states and
+// products passing through the subnormal range cost a microcode assist per operation (10x slower scans).
+class DenormalsAreZero {
+ public:
+#if SELSCAN_HAVE_MXCSR
+  DenormalsAreZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~DenormalsAreZero() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#endif
+};
+
+}  // namespace
 
 int resolve_threads(int requested, int64_t tasks) {
   int n = requested;
@@ -37,6 +61,7 @@ Status run_tasks(int64_t ntasks, int nthreads, const std::function<void(int64_t,
     stop.store(true);
   };
   auto worker = [&](int w) {
+    DenormalsAreZero ftz;
     try {
       for (;;) {
         if (stop.load(std::memory_order_relaxed)) return;
