@@ -67,6 +67,8 @@ struct KernelTable {
 // The best table this CPU runs (AVX2+FMA when available, else portable). SELSCAN_CPU_KERNELS=generic in the
 // environment forces the portable one (for testing both).
 const KernelTable& kernels();
+// Tests: use table `t` from now on (nullptr restores the automatic choice). Not for use during a call.
+void set_kernels_for_testing(const KernelTable* t);
 
 namespace generic {
 KernelTable table();

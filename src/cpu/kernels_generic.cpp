@@ -1,5 +1,6 @@
 // Portable build of the real-weight kernels (baseline ISA of the compiler; SSE2 on x86-64), and the run-time
 // choice between it and the AVX2 build.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,7 +20,12 @@
 
 namespace selscan::cpu {
 
+namespace {
+std::atomic<const KernelTable*> g_forced{nullptr};
+}
+
 const KernelTable& kernels() {
+  if (const KernelTable* f = g_forced.load(std::memory_order_acquire)) return *f;
   static const KernelTable chosen = [] {
     const char* force = std::getenv("SELSCAN_CPU_KERNELS");
     const bool want_generic = force != nullptr && std::strcmp(force, "generic") == 0;
@@ -27,5 +33,7 @@ const KernelTable& kernels() {
   }();
   return chosen;
 }
+
+void set_kernels_for_testing(const KernelTable* t) { g_forced.store(t, std::memory_order_release); }
 
 }  // namespace selscan::cpu
