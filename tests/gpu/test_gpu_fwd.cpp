@@ -1,0 +1,443 @@
+// GPU forward (selscan_fwd on SELSCAN_DEVICE_CUDA) through the public ABI against the float64 recurrence
+// (tests/common/reference.h), the library's CPU path on the same inputs, and upstream's golden vectors.
+// Every output buffer (guards and gaps included) is poisoned with NaN bytes before each run and checked
+// afterwards: every element written, every other byte untouched.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "case.h"
+#include "compare.h"
+#include "npy.h"
+
+namespace selscan_test {
+namespace {
+
+bool gpu_usable(std::string* why) {
+  int32_t n = 0;
+  if (selscan_cuda_device_count(&n) != SELSCAN_STATUS_SUCCESS || n == 0) {
+    *why = "no usable CUDA device (or libselscan was built without CUDA)";
+    return false;
+  }
+  if (selscan_check_device(0) != SELSCAN_STATUS_SUCCESS) {
+    *why = std::string("device 0 is not served by this build: ") + selscan_last_error();
+    return false;
+  }
+  return true;
+}
+#define REQUIRE_GPU()                             \
+  do {                                            \
+    std::string why_;                             \
+    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+// Device copies of a Case's tensors. Each tensor's whole host storage (guards included) is copied to a fresh
+// cudaMalloc base, or with `misalign` one element past it: element-aligned (as the ABI requires) but with
+// no row 16-byte aligned, which must take the kernels' scalar IO path.
+class DeviceCopy {
+ public:
+  DeviceCopy(Case& c, bool misalign) : c_(c), misalign_(misalign) {
+    for (Tensor* t : all()) {
+      if (!t->present()) continue;
+      void* p = nullptr;
+      ok_ = ok_ && cudaMalloc(&p, t->storage.size() + 16) == cudaSuccess;
+      if (!ok_) return;
+      base_[t] = static_cast<unsigned char*>(p);
+    }
+    upload();
+  }
+  ~DeviceCopy() {
+    for (auto& kv : base_) cudaFree(kv.second);
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+
+  bool ok() const { return ok_; }
+  void* ptr(Tensor& t) { return t.present() ? base_.at(&t) + shift(t) : nullptr; }
+  // Host -> device for every tensor (outputs carry their poison).
+  void upload() {
+    for (auto& kv : base_)
+      ok_ = ok_ && cudaMemcpy(kv.second + shift(*kv.first), kv.first->storage.data(), kv.first->storage.size(),
+                              cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  // Device -> host for the forward outputs.
+  void download_outputs() {
+    for (Tensor* t : c_.fwd_outputs())
+      ok_ = ok_ && cudaMemcpy(t->storage.data(), base_.at(t) + shift(*t), t->storage.size(),
+                              cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  selscan_fwd_args_t args() {
+    return c_.fwd_args([this](Tensor& t) { return ptr(t); });
+  }
+
+ private:
+  std::vector<Tensor*> all() {
+    std::vector<Tensor*> v = c_.inputs();
+    for (Tensor* t : c_.fwd_outputs()) v.push_back(t);
+    return v;
+  }
+  size_t shift(const Tensor& t) const { return misalign_ ? static_cast<size_t>(t.esize()) : 0; }
+  Case& c_;
+  bool misalign_;
+  bool ok_ = true;
+  std::map<Tensor*, unsigned char*> base_;
+};
+
+selscan_exec_t cuda_exec(cudaStream_t stream = nullptr) {
+  selscan_exec_t e = SELSCAN_EXEC_INIT;
+  e.device_kind = SELSCAN_DEVICE_CUDA;
+  e.device_index = 0;
+  e.stream = stream;
+  return e;
+}
+
+// Poisons the outputs, runs selscan_fwd on the GPU and brings the outputs back into c's host storage.
+selscan_status_t run_gpu(Case& c, DeviceCopy& dev) {
+  poison(c.fwd_outputs());
+  dev.upload();
+  const selscan_fwd_args_t a = dev.args();
+  selscan_exec_t e = cuda_exec();
+  size_t ws = 0;
+  selscan_status_t s = selscan_fwd_workspace_size(&a, &e, &ws);
+  if (s != SELSCAN_STATUS_SUCCESS) return s;
+  void* wsp = nullptr;
+  if (ws > 0 && cudaMalloc(&wsp, ws) != cudaSuccess) return SELSCAN_STATUS_CUDA_ERROR;
+  e.workspace = wsp;
+  e.workspace_bytes = ws;
+  s = selscan_fwd(&a, &e);
+  if (cudaDeviceSynchronize() != cudaSuccess) s = SELSCAN_STATUS_CUDA_ERROR;
+  if (wsp) cudaFree(wsp);
+  dev.download_outputs();
+  return s;
+}
+
+void expect_all_written(Case& c) {
+  for (auto& [name, t] : c.named_fwd_outputs()) {
+    const std::string err = t->check_written(kPoison, kPoison);
+    EXPECT_TRUE(err.empty()) << name << ": " << err;
+  }
+}
+
+void expect_matches_reference(Case& c) {
+  const CaseSpec& s = c.spec;
+  const RefFwd f = ref_forward(ref_problem(c));
+  const Tolerances tol = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C);
+  EXPECT_TRUE(allclose("out vs float64", c.out.values(), f.y, tol.out));
+  if (s.has_z) {
+    EXPECT_TRUE(allclose("out_z vs float64", c.out_z.values(), f.out_z, tol.out));
+  }
+  if (s.with_last_state) {
+    EXPECT_TRUE(allclose("last_state vs float64", c.last_state.values(), flatten(f.last_state, s.complex),
+                         tol.last_state));
+  }
+  if (s.with_x) {
+    EXPECT_TRUE(allclose("x vs float64", c.x.values(), ref_x_values(f, c), tol.x));
+  }
+}
+
+// GPU outputs vs the CPU path's on the same inputs (both fp32 arithmetic: they agree to the output tolerance).
+void expect_matches_cpu(Case& gpu) {
+  Case cpu = gpu;
+  ASSERT_EQ(run_fwd(cpu, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  const Tol t = tol_out(gpu.spec.itype);
+  for (auto& [name, g] : gpu.named_fwd_outputs()) {
+    Tensor* ct = nullptr;
+    for (auto& [cn, cten] : cpu.named_fwd_outputs())
+      if (std::string(cn) == name) ct = cten;
+    ASSERT_NE(ct, nullptr) << name;
+    EXPECT_TRUE(allclose(std::string(name) + " vs CPU path", g->values(), ct->values(), t));
+  }
+}
+
+// One full check of a spec: reference, CPU path, poison/guards, bitwise determinism of a second run.
+void check_spec(const CaseSpec& spec, bool misalign = false) {
+  SCOPED_TRACE(spec.str() + (misalign ? " misaligned" : ""));
+  Case c = make_case(spec);
+  DeviceCopy dev(c, misalign);
+  ASSERT_TRUE(dev.ok()) << "device allocation/copy failed";
+  ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  expect_all_written(c);
+  expect_matches_reference(c);
+  expect_matches_cpu(c);
+  std::vector<Tensor> first;
+  for (Tensor* t : c.fwd_outputs()) first.push_back(*t);
+  ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  size_t i = 0;
+  for (auto& [name, t] : c.named_fwd_outputs())
+    EXPECT_TRUE(t->same_bytes(first[i++])) << name << " differs between two identical runs";
+}
+
+// ---------------------------------------------------------------------------------------------- the matrix
+struct Named {
+  std::string name;
+  CaseSpec spec;
+  bool misalign = false;
+};
+
+std::vector<Named> matrix() {
+  std::vector<Named> v;
+  uint64_t seed = 1000;
+  const int32_t itypes[] = {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16};
+  const char* itn[] = {"f32", "f16", "bf16"};
+  // itype x real/complex x variable/constant B and C, with odd lengths, groups, h0 and the three layouts.
+  for (int it = 0; it < 3; ++it)
+    for (int cx = 0; cx < 2; ++cx)
+      for (int vb = 0; vb < 2; ++vb)
+        for (int vc = 0; vc < 2; ++vc) {
+          CaseSpec s;
+          s.itype = itypes[it];
+          s.complex = cx;
+          s.var_B = vb;
+          s.var_C = vc;
+          s.batch = 2;
+          s.dim = 8;
+          s.groups = (vb || vc) ? (it == 2 ? 4 : 2) : 1;
+          s.seqlen = 301 + 64 * it + 7 * vb;
+          s.dstate = 16;
+          s.has_h0 = (it + vb + vc) % 2;
+          s.strides = static_cast<Strides>((it + cx + vc) % 3);
+          s.seed = ++seed;
+          v.push_back({std::string(itn[it]) + (cx ? "_cplx" : "_real") + (vb ? "_varB" : "_constB") +
+                           (vc ? "_varC" : "_constC") + (s.has_h0 ? "_h0" : "") + "_strides" +
+                           std::to_string(static_cast<int>(s.strides)),
+                       s});
+        }
+  // Several chunks (x has nc = 3), groups 1/2/4, slow decay so states cross chunk boundaries.
+  for (int64_t g : {1, 2, 4}) {
+    CaseSpec s;
+    s.seqlen = 4500;
+    s.dim = 8;
+    s.groups = g;
+    s.dstate = 16;
+    s.itype = g == 4 ? SELSCAN_DTYPE_BFLOAT16 : SELSCAN_DTYPE_FLOAT32;
+    s.slow_decay = true;
+    s.seed = ++seed;
+    v.push_back({"L4500_groups" + std::to_string(g), s});
+  }
+  {
+    CaseSpec s;
+    s.seqlen = 4500;
+    s.dim = 4;
+    s.dstate = 8;
+    s.complex = true;
+    s.has_h0 = true;
+    s.slow_decay = true;
+    s.itype = SELSCAN_DTYPE_FLOAT16;
+    s.seed = ++seed;
+    v.push_back({"L4500_complex_h0_f16", s});
+  }
+  for (int64_t n : {1, 16, 64, 256}) {
+    CaseSpec s;
+    s.dstate = n;
+    s.seqlen = 333;
+    s.dim = 6;
+    s.groups = 3;
+    s.itype = SELSCAN_DTYPE_BFLOAT16;
+    s.seed = ++seed;
+    v.push_back({"dstate" + std::to_string(n), s});
+    s.complex = true;
+    s.var_B = false;
+    s.itype = SELSCAN_DTYPE_FLOAT32;
+    s.seed = ++seed;
+    v.push_back({"dstate" + std::to_string(n) + "_complex_constB", s});
+  }
+  for (int64_t L : {1, 2, 31, 255, 256, 257, 2047, 2048, 2049}) {
+    CaseSpec s;
+    s.seqlen = L;
+    s.itype = itypes[L % 3];
+    s.var_C = L % 2;
+    s.seed = ++seed;
+    v.push_back({"L" + std::to_string(L), s});
+  }
+  for (int it = 0; it < 3; ++it) {  // every row base off 16-byte alignment: the scalar IO path
+    CaseSpec s;
+    s.seqlen = 512;
+    s.itype = itypes[it];
+    s.seed = ++seed;
+    v.push_back({std::string("misaligned_") + itn[it], s, true});
+  }
+  {
+    CaseSpec s;
+    s.has_D = s.has_z = s.has_delta_bias = s.softplus = false;
+    s.with_x = s.with_last_state = false;
+    s.seqlen = 100;
+    s.seed = ++seed;
+    v.push_back({"no_optionals", s});
+    CaseSpec t;
+    t.bc_3d = true;
+    t.dim = 13;  // not a multiple of the block's channel tile
+    t.seqlen = 129;
+    t.seed = ++seed;
+    v.push_back({"bc3d_dim13", t});
+    CaseSpec w;
+    w.strides = Strides::mamba_inner;
+    w.batch = 3;
+    w.seqlen = 640;
+    w.itype = SELSCAN_DTYPE_BFLOAT16;
+    w.seed = ++seed;
+    v.push_back({"mamba_inner_strides_bf16", w});
+  }
+  return v;
+}
+
+class GpuFwdMatrix : public ::testing::TestWithParam<Named> {};
+
+TEST_P(GpuFwdMatrix, MatchesReferenceAndCpu) {
+  REQUIRE_GPU();
+  check_spec(GetParam().spec, GetParam().misalign);
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, GpuFwdMatrix, ::testing::ValuesIn(matrix()),
+                         [](const ::testing::TestParamInfo<Named>& i) { return i.param.name; });
+
+// More channels than a 16-bit grid dimension holds; blocks are indexed in gridDim.x with 64-bit math.
+TEST(GpuFwd, DimBeyond65535) {
+  REQUIRE_GPU();
+  CaseSpec s;
+  s.batch = 1;
+  s.dim = 70000;
+  s.seqlen = 3;
+  s.dstate = 4;
+  s.itype = SELSCAN_DTYPE_BFLOAT16;
+  s.seed = 77;
+  check_spec(s);
+}
+
+// The call only enqueues work on the given stream: it can be captured into a CUDA graph and replayed.
+TEST(GpuFwd, CapturedInCudaGraph) {
+  REQUIRE_GPU();
+  CaseSpec s;
+  s.seqlen = 700;
+  s.itype = SELSCAN_DTYPE_BFLOAT16;
+  s.seed = 78;
+  Case c = make_case(s);
+  DeviceCopy dev(c, false);
+  ASSERT_TRUE(dev.ok());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const selscan_fwd_args_t a = dev.args();
+  const selscan_exec_t e = cuda_exec(stream);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const selscan_status_t st = selscan_fwd(&a, &e);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(st, SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  dev.download_outputs();
+  expect_all_written(c);
+  expect_matches_reference(c);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// ---------------------------------------------------------------------------------------------- golden
+// Upstream's own outputs for the same inputs (shared/golden). out.npy is the final output (out_z with z).
+class GpuFwdGolden : public ::testing::TestWithParam<std::string> {};
+
+bool json_flag(const std::string& j, const std::string& key) {
+  const auto k = j.find("\"" + key + "\"");
+  return k != std::string::npos && j.compare(j.find(':', k) + 1, 5, " true") == 0;
+}
+int64_t json_int(const std::string& j, const std::string& key, int64_t dflt) {
+  const auto k = j.find("\"" + key + "\"");
+  if (k == std::string::npos) return dflt;
+  const std::string rest = j.substr(j.find(':', k) + 1);
+  const auto p = rest.find_first_not_of(' ');
+  if (rest.compare(p, 4, "null") == 0) return dflt;
+  return std::stoll(rest.substr(p));
+}
+std::string json_string(const std::string& j, const std::string& key) {
+  const auto k = j.find("\"" + key + "\"");
+  if (k == std::string::npos) return "";
+  const auto q1 = j.find('"', j.find(':', k) + 1);
+  return j.substr(q1 + 1, j.find('"', q1 + 1) - q1 - 1);
+}
+
+// A tensor of dtype with the npy's shape and values (contiguous, guards around).
+Tensor from_npy(const NpyArray& a, int32_t dtype) {
+  Tensor t = make_tensor(dtype, a.shape);
+  std::vector<int64_t> idx(a.shape.size(), 0);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (dtype == SELSCAN_DTYPE_COMPLEX64) t.setc(idx, cd(a.data[2 * i], a.data[2 * i + 1]));
+    else t.set(idx, a.data[i]);
+    for (int k = static_cast<int>(idx.size()) - 1; k >= 0; --k) {
+      if (++idx[k] < a.shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return t;
+}
+
+TEST_P(GpuFwdGolden, MatchesUpstream) {
+  REQUIRE_GPU();
+  const std::string dir = golden_dir() + "/" + GetParam();
+  std::ifstream jf(dir + "/case.json");
+  if (!jf) GTEST_SKIP() << "golden vectors not found at " << dir << " (set SELSCAN_GOLDEN_DIR)";
+  const std::string j((std::istreambuf_iterator<char>(jf)), std::istreambuf_iterator<char>());
+  const std::string its = json_string(j, "itype");
+  const int32_t it = its == "fp16" ? SELSCAN_DTYPE_FLOAT16 : its == "bf16" ? SELSCAN_DTYPE_BFLOAT16 : SELSCAN_DTYPE_FLOAT32;
+  const bool cplx = json_string(j, "wtype") == "complex64";
+  const int32_t wt = cplx ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
+
+  CaseSpec s;
+  s.batch = json_int(j, "batch", 0);
+  s.dim = json_int(j, "dim", 0);
+  s.seqlen = json_int(j, "seqlen", 0);
+  s.dstate = json_int(j, "dstate", 0);
+  s.groups = json_int(j, "groups", 1);
+  s.itype = it;
+  s.complex = cplx;
+  s.var_B = json_flag(j, "variable_B");
+  s.var_C = json_flag(j, "variable_C");
+  s.has_D = json_flag(j, "has_D");
+  s.has_z = json_flag(j, "has_z");
+  s.has_delta_bias = json_flag(j, "has_delta_bias");
+  s.softplus = json_flag(j, "delta_softplus");
+  SCOPED_TRACE(GetParam() + ": " + s.str());
+  // Shapes and output buffers from make_case; inputs replaced by the golden arrays.
+  Case c = make_case(s);
+  auto load = [&](const char* name, Tensor& t, int32_t dtype) {
+    NpyArray a;
+    const std::string err = read_npy(dir + "/" + name + ".npy", &a);
+    ASSERT_TRUE(err.empty()) << err;
+    t = from_npy(a, dtype);
+  };
+  load("u", c.u, it);
+  load("delta", c.delta, it);
+  load("A", c.A, wt);
+  load("B", c.B, s.var_B ? it : wt);
+  load("C", c.C, s.var_C ? it : wt);
+  if (s.has_D) load("D", c.D, SELSCAN_DTYPE_FLOAT32);
+  if (s.has_z) load("z", c.z, it);
+  if (s.has_delta_bias) load("delta_bias", c.delta_bias, SELSCAN_DTYPE_FLOAT32);
+  DeviceCopy dev(c, false);
+  ASSERT_TRUE(dev.ok());
+  ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  expect_all_written(c);
+  NpyArray out, last;
+  ASSERT_TRUE(read_npy(dir + "/out.npy", &out).empty());
+  ASSERT_TRUE(read_npy(dir + "/last_state.npy", &last).empty());
+  const Tol t = tol_out(it);
+  EXPECT_TRUE(allclose("out", (s.has_z ? c.out_z : c.out).values(),
+                       std::vector<double>(out.data.begin(), out.data.end()), t));
+  EXPECT_TRUE(allclose("last_state", c.last_state.values(), std::vector<double>(last.data.begin(), last.data.end()), t));
+  expect_matches_reference(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, GpuFwdGolden,
+                         ::testing::Values("s01_fp32_basic", "s02_fp32_full", "s03_bf16_full", "s04_fp16_groups2",
+                                           "s05_fp32_constBC", "s06_bf16_long_2chunks", "s07_fp32_dstate64",
+                                           "s08_fp32_complex"));
+
+}  // namespace
+}  // namespace selscan_test
