@@ -211,6 +211,7 @@ struct EnvFacts {
   std::string cuda_home, cuda_home_var;
   std::vector<std::string> ld_dirs;
   std::vector<std::string> other_selscan, cudart_on_ld, cudart_loaded;
+  std::string shadowed;  // this program's own libselscan, when another one was loaded
 };
 
 // "name X; ..." field of build_info after `key ` ("CUDA 13.0" -> "13.0").
@@ -418,6 +419,20 @@ EnvFacts env_facts(Report& r, const LibraryFacts& lib) {
     }
   }
   f.cudart_loaded = mapped_libraries("libcudart.so");
+  // The copy this program was built to use sits next to it (build tree) or in ../lib (install); one loaded
+  // from elsewhere means LD_LIBRARY_PATH (or the loader cache) shadowed it.
+  const std::string exe = real_path("/proc/self/exe");
+  const std::string exe_dir = exe.substr(0, exe.rfind('/'));
+  for (const std::string& dir : {exe_dir, exe_dir + "/../lib", exe_dir + "/../lib64"}) {
+    for (const std::string& name : list_dir(dir)) {
+      if (name.rfind("libselscan.so", 0) != 0) continue;
+      const std::string p = real_path(dir + "/" + name);
+      if (p != loaded && f.shadowed.empty()) f.shadowed = p;
+    }
+  }
+  if (!f.shadowed.empty() && !loaded.empty())
+    r.add(Level::warn, fmt::format("this program's own libselscan ({}) is shadowed: {} was loaded instead "
+                                   "(LD_LIBRARY_PATH or the loader cache)", f.shadowed, loaded));
   if (!f.other_selscan.empty()) {
     std::string list;
     for (const std::string& p : f.other_selscan) list += (list.empty() ? "" : ", ") + p;
@@ -431,8 +446,9 @@ EnvFacts env_facts(Report& r, const LibraryFacts& lib) {
   if (!f.cudart_loaded.empty()) {
     r.add(Level::info, fmt::format("a shared CUDA runtime is loaded: {}", f.cudart_loaded.front()));
   } else if (!f.cudart_on_ld.empty()) {
-    r.add(Level::info, fmt::format("libcudart on LD_LIBRARY_PATH ({}) is not used: libselscan links the CUDA "
-                                   "runtime statically", f.cudart_on_ld.front()));
+    r.add(Level::info, fmt::format("libcudart on LD_LIBRARY_PATH ({}) is not used: {}", f.cudart_on_ld.front(),
+                                   built.valid() ? "libselscan links the CUDA runtime statically"
+                                                 : "this libselscan has no CUDA"));
   }
   return f;
 }
@@ -592,6 +608,7 @@ int cmd_doctor(const std::vector<std::string>& args) {
     j.array("ld_library_path");
     for (const std::string& s : env.ld_dirs) j.str(nullptr, s);
     j.end();
+    j.str("shadowed_libselscan", env.shadowed);
     j.array("other_libselscan");
     for (const std::string& s : env.other_selscan) j.str(nullptr, s);
     j.end();
