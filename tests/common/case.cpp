@@ -251,16 +251,71 @@ selscan_exec_t cpu_exec(int threads) {
   return e;
 }
 
-selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec) {
+namespace {
+
+// Device copies of every present tensor of a case, released on destruction.
+class DeviceCopies {
+ public:
+  DeviceCopies(Case& c, const DeviceMemory& dev) : dev_(dev) {
+    for (Tensor* t : all(c)) {
+      if (!t->present()) continue;
+      void* p = dev_.alloc(t->storage.size());
+      if (p == nullptr) throw std::runtime_error("DeviceMemory::alloc returned NULL");
+      ptrs_.emplace_back(t, p);
+      dev_.to_device(p, t->storage.data(), t->storage.size());
+    }
+  }
+  ~DeviceCopies() {
+    for (auto& tp : ptrs_) dev_.release(tp.second);
+  }
+  void* ptr(Tensor& t) const {
+    for (const auto& tp : ptrs_)
+      if (tp.first == &t) return tp.second;
+    return nullptr;
+  }
+  void copy_back() {
+    dev_.sync();
+    for (auto& tp : ptrs_) dev_.to_host(tp.first->storage.data(), tp.second, tp.first->storage.size());
+  }
+
+ private:
+  static std::vector<Tensor*> all(Case& c) {
+    std::vector<Tensor*> v = c.inputs();
+    for (Tensor* t : {&c.out, &c.out_z, &c.x, &c.last_state, &c.dout, &c.du, &c.ddelta, &c.dA, &c.dB, &c.dC, &c.dD,
+                      &c.dz, &c.ddelta_bias, &c.dh0, &c.out_z_bwd})
+      v.push_back(t);
+    return v;
+  }
+  const DeviceMemory& dev_;
+  std::vector<std::pair<Tensor*, void*>> ptrs_;
+};
+
+}  // namespace
+
+selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec, const DeviceMemory* dev) {
   poison(c.fwd_outputs());
-  const selscan_fwd_args_t a = c.fwd_args(host_ptr);
-  return selscan_fwd(&a, &exec);
+  if (dev == nullptr) {
+    const selscan_fwd_args_t a = c.fwd_args(host_ptr);
+    return selscan_fwd(&a, &exec);
+  }
+  DeviceCopies copies(c, *dev);
+  const selscan_fwd_args_t a = c.fwd_args([&](Tensor& t) { return copies.ptr(t); });
+  const selscan_status_t s = selscan_fwd(&a, &exec);
+  copies.copy_back();
+  return s;
 }
 
-selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic) {
+selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic, const DeviceMemory* dev) {
   poison(c.bwd_outputs());
-  const selscan_bwd_args_t a = c.bwd_args(host_ptr, deterministic);
-  return selscan_bwd(&a, &exec);
+  if (dev == nullptr) {
+    const selscan_bwd_args_t a = c.bwd_args(host_ptr, deterministic);
+    return selscan_bwd(&a, &exec);
+  }
+  DeviceCopies copies(c, *dev);
+  const selscan_bwd_args_t a = c.bwd_args([&](Tensor& t) { return copies.ptr(t); }, deterministic);
+  const selscan_status_t s = selscan_bwd(&a, &exec);
+  copies.copy_back();
+  return s;
 }
 
 RefProblem ref_problem(const Case& c) {

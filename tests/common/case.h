@@ -69,9 +69,22 @@ void* host_ptr(Tensor& t);
 // Fill every byte of the given tensors with kPoison (NaN).
 void poison(const std::vector<Tensor*>& ts);
 
-// Poison the forward (backward) outputs and run on the CPU through the public ABI with host pointers.
-selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec);
-selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic = true);
+// Device memory for running a Case elsewhere than on host pointers. A device test fills in these callbacks
+// (e.g. cudaMalloc / cudaMemcpy / cudaFree / cudaStreamSynchronize); tests/common has no device headers.
+struct DeviceMemory {
+  std::function<void*(size_t bytes)> alloc;  // must not return NULL for bytes > 0
+  std::function<void(void* device_dst, const void* host_src, size_t bytes)> to_device;
+  std::function<void(void* host_dst, const void* device_src, size_t bytes)> to_host;
+  std::function<void(void* p)> release;
+  std::function<void()> sync;  // wait for the call's work (the stream passed in exec)
+};
+
+// Poison the forward (backward) outputs and run through the public ABI. With `dev` == nullptr the library
+// sees host pointers; otherwise every present tensor's whole storage (guards included) is copied to device
+// memory, the call runs on those copies, and all storages come back (so guard checks still apply).
+selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr);
+selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic = true,
+                         const DeviceMemory* dev = nullptr);
 // CPU exec with `threads` workers.
 selscan_exec_t cpu_exec(int threads = 0);
 

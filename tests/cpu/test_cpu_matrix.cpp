@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "check.h"
 
@@ -141,6 +143,30 @@ TEST(CpuMatrix, ThreadCounts) {
 
 TEST(CpuMatrix, ReportMargin) {
   std::printf("[ margin   ] worst error/tolerance ratio over the matrix so far: %.3g\n", worst_seen());
+}
+
+}  // namespace
+}  // namespace selscan_test
+
+namespace selscan_test {
+namespace {
+
+// The device runner of tests/common (what the GPU suite uses) with plain host memory as the "device":
+// storages are copied out, run on the copies, and copied back.
+TEST(CpuMatrix, DeviceMemoryRunnerOnHostCopies) {
+  int live = 0;
+  DeviceMemory dev;
+  dev.alloc = [&](size_t n) { ++live; return std::malloc(n); };
+  dev.to_device = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
+  dev.to_host = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
+  dev.release = [&](void* p) { --live; std::free(p); };
+  dev.sync = [] {};
+  CaseSpec s;
+  s.strides = Strides::mamba_inner, s.has_h0 = true, s.recompute_out_z = true, s.seed = 1100;
+  check_case(s, cpu_exec(2), &dev);
+  s.complex = true, s.strides = Strides::padded, s.seed = 1101;
+  check_case(s, cpu_exec(2), &dev);
+  EXPECT_EQ(live, 0);
 }
 
 }  // namespace
