@@ -1,0 +1,825 @@
+// The selective-scan backward kernel (upstream semantics §2.3 + the fold_B rule of src/problem.h + dh0).
+//
+// Mapping (the forward's): a block = (batch b, up to 8 consecutive channels of one group), one WARP per channel,
+// pieces of 32 lanes x K consecutive time steps. Chunks (2048 steps, the layout of x) run in reverse:
+//   pass 1: seed the scanned state s from x[b,d,c-1] (h0 / 0 for chunk 0) and walk the chunk's pieces forward,
+//           keeping only each piece's incoming state per n in shared memory (one warp scan per piece and state);
+//   pass 2: pieces in reverse. Per state n: recompute ā and s inside the piece from the stored carry (warp scan),
+//           then the reverse recurrence dh_t = coef_t dout_t + ā_{t+1} dh_{t+1} (warp suffix scan) seeded by
+//           g = ā_first dh_first of the piece after it (per state in shared memory). du/ddelta accumulate in
+//           registers across states; dA and constant dB/dC go through a warp sum into per-warp shared memory.
+// Variable dB/dC are summed over the block's channels in shared memory (fixed order) once per tile of states,
+// then added into an fp32 workspace with float atomics (default) or stored as per-block partials
+// (deterministic mode: fixed-order second pass). Per-(b,d) partials of dA, dD, ddelta_bias and constant dB/dC
+// go to workspace; a second kernel sums them over batch in fixed order. All reductions except the atomics are
+// therefore bitwise reproducible.
+// Compile-time parameters: only the itype and real/complex; every flag is a uniform run-time branch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common.cuh"
+#include "cuda/launch.h"
+#include "errors.h"
+#include "problem.h"
+
+namespace selscan::kern::bwd {
+
+constexpr int kItems = 8;                    // K: consecutive time steps per lane
+constexpr int kPiece = 32 * kItems;          // time steps per warp per piece
+constexpr int kPiecesPerChunk = static_cast<int>(kChunk / kPiece);
+constexpr int kMaxWarps = 8;                 // channels per block
+static_assert(kChunk % kPiece == 0, "a piece must not straddle a chunk of x");
+
+// How a backward call is laid out; a pure function of (Problem, Family), shared by the workspace query and
+// the launch (kernels/launch_bwd.cu).
+struct Plan {
+  int warps = 1;                 // channels per block
+  int stile = 1;                 // states per variable-dB/dC reduction round (barrier pair)
+  int64_t tiles_per_group = 1;   // channel tiles of `warps` channels per group
+  int64_t slots = 1;             // blocks per (b, g)
+  int64_t tiles_per_slot = 1;    // channel tiles one block walks in turn
+  bool det_var = false;          // variable dB/dC as per-slot partials (deterministic mode)
+  int nacc = 1;                  // per-state accumulators: dA [, accB] [, accC]
+  int accB = -1, accC = -1;      // their index, or -1 when not needed
+  size_t smem = 0;               // dynamic shared memory of the main kernel
+  size_t off_pw = 0, off_ps = 0, off_vb = 0, off_vc = 0, total = 0;  // workspace layout (bytes)
+  int64_t var_elems = 0;         // Bt*G*N*Lp floats of one variable dB/dC image
+  int64_t var_row = 0;           // Lp = L*cw rounded up to a multiple of 4 (whole float4 atomics)
+  bool lane_acc = false;         // per-lane partials of the per-state sums
+};
+
+Plan make_plan(const Problem& p, cuda::Family f);
+
+// Shared memory of the main kernel, in floats (host and device agree on this layout):
+//   per warp: fc [kPiecesPerChunk][N], gcar [N], acc [nacc][N]            (weights-typed)
+//   per warp, when `lane_acc`: lane partials [nacc][N][32]                (weights-typed)
+//   block: staged variable B/C rows [nvar][stile][kPiece*cw], reduction buffers [nvar][stile][warps][kPiece*cw]
+struct SmemLayout {
+  int64_t per_warp, lane_acc_per_warp, stage, red, total;  // floats
+};
+__host__ __device__ inline int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+__host__ __device__ inline SmemLayout smem_layout(int64_t N, bool cplx, int nacc, int nvar, bool lane_acc, int warps,
+                                                  int stile) {
+  const int64_t wsz = cplx ? 2 : 1;
+  SmemLayout l;
+  l.per_warp = round4((kPiecesPerChunk + 1 + nacc) * N * wsz);
+  l.lane_acc_per_warp = lane_acc ? nacc * N * wsz * 32 : 0;
+  l.stage = static_cast<int64_t>(nvar) * stile * kPiece * wsz;
+  l.red = l.stage * warps;
+  l.total = warps * (l.per_warp + l.lane_acc_per_warp) + l.stage + l.red;
+  return l;
+}
+// Per-lane partials of the per-state sums avoid a warp reduction per state and piece; used when they are small.
+__host__ __device__ inline bool use_lane_acc(int64_t N, bool cplx, int nacc) { return nacc * N * (cplx ? 2 : 1) <= 32; }
+
+struct Args {
+  Problem p;
+  int64_t tiles_per_group, slots, tiles_per_slot;
+  int64_t var_elems;  // floats of one variable dB/dC image: Bt*G*N*Lp
+  int64_t var_row;    // Lp: its row length, L*cw rounded up to whole float4
+  int stile, nacc, accB, accC;
+  bool det_var, lane_acc;
+  float* pw;  // [nacc][Bt][D][N] weights-typed partials (float or float2)
+  float* ps;  // [2][Bt][D]: dD, ddelta_bias partials
+  float* vb;  // variable dB fp32 image(s): [slots or 1][Bt][G][N][Lp]
+  float* vc;  // variable dC likewise
+};
+
+template <bool kC>
+struct WT;
+template <>
+struct WT<false> {
+  using W = float;
+  static constexpr int kCw = 1;
+};
+template <>
+struct WT<true> {
+  using W = float2;
+  static constexpr int kCw = 2;
+};
+
+__device__ __forceinline__ float wconj(float a) { return a; }
+__device__ __forceinline__ float2 wconj(float2 a) { return cconj(a); }
+__device__ __forceinline__ float wre(float a) { return a; }
+__device__ __forceinline__ float wre(float2 a) { return a.x; }
+__device__ __forceinline__ float wscale(float a, float s) { return a * s; }
+__device__ __forceinline__ float2 wscale(float2 a, float s) { return cscale(a, s); }
+__device__ __forceinline__ float wadd(float a, float b) { return a + b; }
+__device__ __forceinline__ float2 wadd(float2 a, float2 b) { return cadd(a, b); }
+// Re(a * conj(b)): the real gradient through a real-valued use of a complex product.
+__device__ __forceinline__ float wdotre(float a, float b) { return a * b; }
+__device__ __forceinline__ float wdotre(float2 a, float2 b) { return a.x * b.x + a.y * b.y; }
+__device__ __forceinline__ float shfl_xor_w(float v, int m) { return __shfl_xor_sync(kFullMask, v, m); }
+__device__ __forceinline__ float2 shfl_xor_w(float2 v, int m) {
+  return make_float2(__shfl_xor_sync(kFullMask, v.x, m), __shfl_xor_sync(kFullMask, v.y, m));
+}
+template <typename W>
+__device__ __forceinline__ W warp_sum(W v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = wadd(v, shfl_xor_w(v, m));
+  return v;
+}
+
+// Two independent inclusive warp scans at once (their shuffles overlap): two forward ones, or a forward
+// (lane order) and a reverse (lane 31 first) one. Same compositions as common.cuh's warp_scan_fwd/rev.
+template <typename W>
+__device__ __forceinline__ void warp_scan_fwd2(W& a0, W& b0, W& a1, W& b1, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa0 = shfl_up(a0, off), pb0 = shfl_up(b0, off);
+    const W pa1 = shfl_up(a1, off), pb1 = shfl_up(b1, off);
+    if (lane >= off) {
+      b0 = wfma(a0, pb0, b0);
+      a0 = wmul(a0, pa0);
+      b1 = wfma(a1, pb1, b1);
+      a1 = wmul(a1, pa1);
+    }
+  }
+}
+template <typename W>
+__device__ __forceinline__ void warp_scan_fwd_rev(W& fa, W& fb, W& ra, W& rb, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa = shfl_up(fa, off), pb = shfl_up(fb, off);
+    const W na = shfl_down(ra, off), nb = shfl_down(rb, off);
+    if (lane >= off) {
+      fb = wfma(fa, pb, fb);
+      fa = wmul(fa, pa);
+    }
+    if (lane + off < 32) {
+      rb = wfma(ra, nb, rb);
+      ra = wmul(ra, na);
+    }
+  }
+}
+
+template <bool kC>
+__device__ __forceinline__ typename WT<kC>::W ld_w(const void* base, int64_t off) {
+  if constexpr (kC) return static_cast<const float2*>(base)[off];
+  else return static_cast<const float*>(base)[off];
+}
+template <bool kC>
+__device__ __forceinline__ void st_w(void* base, int64_t off, typename WT<kC>::W v) {
+  if constexpr (kC) static_cast<float2*>(base)[off] = v;
+  else static_cast<float*>(base)[off] = v;
+}
+
+// n consecutive itype values of a row starting at element e0 into floats; elements at or past `lim` read as 0.
+// 16-byte loads when the row is aligned and the run is whole (n * sizeof(T) is a multiple of 16).
+template <typename T, int n>
+__device__ __forceinline__ void load_run(const T* row, int64_t e0, int64_t lim, bool vec, float* out) {
+  constexpr int VE = Vec16<T>::kElems;
+  static_assert(n % VE == 0, "run must be whole 16-byte vectors");
+  if (vec && e0 + n <= lim) {
+#pragma unroll
+    for (int j = 0; j < n / VE; ++j) load16(row + e0 + j * VE, out + j * VE);
+  } else {
+#pragma unroll
+    for (int j = 0; j < n; ++j) out[j] = (e0 + j < lim) ? to_f32(row[e0 + j]) : 0.f;
+  }
+}
+template <typename T, int n>
+__device__ __forceinline__ void store_run(T* row, int64_t e0, int64_t lim, bool vec, const float* in) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && e0 + n <= lim) {
+#pragma unroll
+    for (int j = 0; j < n / VE; ++j) store16(row + e0 + j * VE, in + j * VE);
+  } else {
+#pragma unroll
+    for (int j = 0; j < n; ++j)
+      if (e0 + j < lim) row[e0 + j] = from_f32<T>(in[j]);
+  }
+}
+
+// K values of a variable B/C row (complex: K interleaved pairs) as weights.
+template <typename T, bool kC>
+__device__ __forceinline__ void load_var(const T* row, int64_t t0, int64_t L, bool vec,
+                                         typename WT<kC>::W (&out)[kItems]) {
+  if constexpr (kC) {
+    float tmp[2 * kItems];
+    load_run<T, 2 * kItems>(row, 2 * t0, 2 * L, vec, tmp);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) out[k] = make_float2(tmp[2 * k], tmp[2 * k + 1]);
+  } else {
+    load_run<T, kItems>(row, t0, L, vec, out);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ const T* row_of(const View& v, int64_t b, int64_t d) {
+  return static_cast<const T*>(v.p) + b * v.s[0] + d * v.s[1];
+}
+template <typename T>
+__device__ __forceinline__ T* wrow_of(const View& v, int64_t b, int64_t d) {
+  return static_cast<T*>(v.p) + b * v.s[0] + d * v.s[1];
+}
+
+// ā = exp(δ A) as the forward builds it: real A pre-scaled by log2 e; complex: only the real part.
+template <bool kC>
+__device__ __forceinline__ typename WT<kC>::W decay(float delta, typename WT<kC>::W a2) {
+  if constexpr (kC) return cexp2_fast(delta * a2.x, delta * a2.y);
+  else return exp2_fast(delta * a2);
+}
+
+// Variable B or C rows n0..n0+ns-1 of the piece starting at p0 (batch/group base `base`), staged block-wide as
+// fp32 into `dst`: float4 index (sn * kVpl + j) * 32 + lane holds floats 4j..4j+3 of that lane's K steps
+// (complex: K interleaved pairs), so each lane's reads are conflict-free 16-byte loads. Steps past L read as 0.
+template <typename T, bool kC>
+__device__ __forceinline__ void stage_rows(float4* dst, const T* base, int64_t sstride, int64_t n0, int ns,
+                                           int64_t p0, int64_t L, bool vec) {
+  constexpr int kCw = WT<kC>::kCw;
+  constexpr int kLaneF = kItems * kCw;     // floats per lane per state
+  constexpr int kVpl = kLaneF / 4;
+  constexpr int kV4 = kPiece * kCw / 4;    // float4 per staged row
+  constexpr int VE = Vec16<T>::kElems;
+  constexpr int kPerRow = kPiece * kCw / VE;
+  static_assert(kLaneF % VE == 0, "a 16-byte load must stay within one lane's steps");
+  const int64_t e0 = p0 * kCw, lim = L * kCw;
+  for (int idx = threadIdx.x; idx < ns * kPerRow; idx += blockDim.x) {
+    const int sn = idx / kPerRow;
+    const int e = (idx % kPerRow) * VE;
+    const T* src = base + (n0 + sn) * sstride + e0 + e;
+    float v[VE];
+    if (vec && e0 + e + VE <= lim) {
+      load16(src, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VE; ++j) v[j] = (e0 + e + j < lim) ? to_f32(src[j]) : 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < VE / 4; ++q) {
+      const int fl = e + 4 * q;
+      dst[sn * kV4 + ((fl % kLaneF) / 4) * 32 + fl / kLaneF] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+    (void)kVpl;
+  }
+}
+
+// A lane's K weights of one staged row.
+template <bool kC>
+__device__ __forceinline__ void read_row(const float4* row, int lane, typename WT<kC>::W (&out)[kItems]) {
+#pragma unroll
+  for (int j = 0; j < kItems * WT<kC>::kCw / 4; ++j) {
+    const float4 v = row[j * 32 + lane];
+    if constexpr (kC) {
+      out[2 * j] = make_float2(v.x, v.y);
+      out[2 * j + 1] = make_float2(v.z, v.w);
+    } else {
+      out[4 * j] = v.x;
+      out[4 * j + 1] = v.y;
+      out[4 * j + 2] = v.z;
+      out[4 * j + 3] = v.w;
+    }
+  }
+}
+template <bool kC>
+__device__ __forceinline__ void write_row(float4* row, int lane, const typename WT<kC>::W (&in)[kItems]) {
+#pragma unroll
+  for (int j = 0; j < kItems * WT<kC>::kCw / 4; ++j) {
+    if constexpr (kC) row[j * 32 + lane] = make_float4(in[2 * j].x, in[2 * j].y, in[2 * j + 1].x, in[2 * j + 1].y);
+    else row[j * 32 + lane] = make_float4(in[4 * j], in[4 * j + 1], in[4 * j + 2], in[4 * j + 3]);
+  }
+}
+
+template <bool kC>
+__device__ __forceinline__ float4 pack4(const typename WT<kC>::W (&v)[kItems], int k) {
+  if constexpr (kC) return make_float4(v[k].x, v[k].y, v[k + 1].x, v[k + 1].y);
+  else return make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+}
+
+__device__ __forceinline__ void add_f4(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), v);
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
+template <typename T, bool kC>
+__global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
+  using W = typename WT<kC>::W;
+  constexpr int K = kItems;
+  constexpr int kCw = WT<kC>::kCw;
+  constexpr int kV4 = kPiece * kCw / 4;    // float4 per staged/reduced row
+  constexpr float kTwo = kC ? 2.f : 1.f;  // complex: y = 2 Re(s coef)
+  const Problem& p = args.p;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  const int64_t N = p.dstate, L = p.seqlen, D = p.dim, G = p.groups;
+  const int64_t cpg = D / G;
+  // With fold_B (constant B, no h0) the saved x holds s = h / B; the backward multiplies the seed by B and
+  // then runs on the true state h like every other case (the gradients are the same functions of B).
+  const bool varB = p.var_B, varC = p.var_C, fold = p.fold_B;
+  const int nvar = (varB ? 1 : 0) + (varC ? 1 : 0);
+  const int S = args.stile;
+
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const SmemLayout lay = smem_layout(N, kC, args.nacc, nvar, args.lane_acc, nwarps, S);
+  W* fc = reinterpret_cast<W*>(smem + warp * lay.per_warp);  // [kPiecesPerChunk][N] incoming state per piece
+  W* gcar = fc + kPiecesPerChunk * N;                         // [N] reverse carry
+  W* acc = gcar + N;                                          // [nacc][N]
+  W* lacc = reinterpret_cast<W*>(smem + nwarps * lay.per_warp + warp * lay.lane_acc_per_warp);  // [nacc][N][32]
+  float4* stg = reinterpret_cast<float4*>(smem + nwarps * (lay.per_warp + lay.lane_acc_per_warp));
+  float4* stgB = stg;
+  float4* stgC = stg + (varB ? S * kV4 : 0);
+  float4* red = stg + nvar * S * kV4;
+  float4* redB = red;
+  float4* redC = red + (varB ? S * nwarps * kV4 : 0);
+
+  const int64_t nblocks = p.batch * G * args.slots;
+  for (int64_t blk = blockIdx.x; blk < nblocks; blk += gridDim.x) {
+    const int64_t slot = blk % args.slots;
+    const int64_t g = (blk / args.slots) % G;
+    const int64_t b = blk / (args.slots * G);
+    const T* Bbase = varB ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] : nullptr;
+    const T* Cbase = varC ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] : nullptr;
+    // Every row of a variable B/C is 16-byte aligned iff the base is and the state stride keeps it so.
+    const bool vB = varB && aligned16(Bbase) && ((p.B.s[2] * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+    const bool vC = varC && aligned16(Cbase) && ((p.C.s[2] * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+    for (int64_t r = 0; r < args.tiles_per_slot; ++r) {
+      const int64_t tile = slot * args.tiles_per_slot + r;
+      if (tile >= args.tiles_per_group) break;  // uniform over the block
+      const int64_t dl = tile * nwarps + warp;
+      const bool active = dl < cpg;
+      const int64_t d = g * cpg + (active ? dl : 0);
+      const int64_t Lv = active ? L : 0;  // an idle warp (past the group's end) sees all-zero input
+
+      const bool hasZ = p.z.p != nullptr;
+      const bool hasOz = hasZ && p.out_z.p != nullptr;
+      const T* urow = row_of<T>(p.u, b, d);
+      const T* drow = row_of<T>(p.delta, b, d);
+      const bool vu = aligned16(urow), vd = aligned16(drow);
+      const float Dd = (active && p.D.p != nullptr) ? static_cast<const float*>(p.D.p)[d * p.D.s[0]] : 0.f;
+      const float bias =
+          (active && p.delta_bias.p != nullptr) ? static_cast<const float*>(p.delta_bias.p)[d * p.delta_bias.s[0]]
+                                                : 0.f;
+      float dD_l = 0.f, ddb_l = 0.f;
+
+      for (int64_t n = lane; n < N; n += 32) {
+        gcar[n] = wzero<W>();
+        for (int j = 0; j < args.nacc; ++j) acc[j * N + n] = wzero<W>();
+      }
+      if (args.lane_acc)
+        for (int64_t i = lane; i < args.nacc * N * 32; i += 32) lacc[i] = wzero<W>();
+      __syncwarp();
+
+      for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+        const int64_t cs = c * kChunk;
+        const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
+        const int np = static_cast<int>((clen + kPiece - 1) / kPiece);
+        // Seed: the scanned state before the chunk.
+        for (int64_t n = lane; n < N; n += 32) {
+          W s0 = wzero<W>();
+          if (active) {
+            if (c > 0) {
+              s0 = ld_w<kC>(p.x.p, b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1);
+              if (fold) s0 = wmul(s0, ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));
+            } else if (p.h0.p != nullptr) {
+              s0 = ld_w<kC>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]);
+            }
+          }
+          fc[n] = s0;
+        }
+        __syncwarp();
+
+        // ---------------------------------------------------------------- pass 1: piece carries
+        for (int pi = 0; pi + 1 < np; ++pi) {
+          const int64_t p0 = cs + static_cast<int64_t>(pi) * kPiece;
+          const int64_t t0 = p0 + lane * K;
+          const int nv = static_cast<int>(Lv - t0 < 0 ? 0 : (Lv - t0 > K ? K : Lv - t0));  // valid steps
+          float uu[K], dl[K];
+          load_run<T, K>(urow, t0, Lv, vu, uu);
+          load_run<T, K>(drow, t0, Lv, vd, dl);
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            float v = dl[k] + bias;
+            if (p.softplus) v = softplus(v);
+            const bool ok = k < nv;
+            dl[k] = ok ? v : 0.f;
+            uu[k] = ok ? uu[k] * v : 0.f;  // δu
+          }
+          for (int64_t n0 = 0; n0 < N; n0 += S) {
+            const int ns = static_cast<int>((N - n0 < S) ? (N - n0) : S);
+            if (varB) {
+              stage_rows<T, kC>(stgB, Bbase, p.B.s[2], n0, ns, p0, L, vB);
+              __syncthreads();
+            }
+            // Two states per round: their warp scans are independent, so their shuffles overlap.
+            for (int sn = 0; sn < ns; sn += 2) {
+              W pa[2], pb[2];
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int si = (sn + i < ns) ? sn + i : sn;  // an odd tail repeats the state (not stored)
+                const int64_t n = n0 + si;
+                const W Aw = ld_w<kC>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
+                W a2;
+                if constexpr (kC) a2 = make_float2(Aw.x * kLog2e, Aw.y);
+                else a2 = Aw * kLog2e;
+                W Bv[K];
+                if (varB) {
+                  read_row<kC>(stgB + si * kV4, lane, Bv);
+                } else {
+                  const W Bs = ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+#pragma unroll
+                  for (int k = 0; k < K; ++k) Bv[k] = Bs;
+                }
+                pa[i] = wone<W>();
+                pb[i] = wzero<W>();
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                  const W ab = (k < nv) ? decay<kC>(dl[k], a2) : wone<W>();
+                  pb[i] = wfma(ab, pb[i], wscale(Bv[k], uu[k]));
+                  pa[i] = wmul(ab, pa[i]);
+                }
+              }
+              warp_scan_fwd2(pa[0], pb[0], pa[1], pb[1], lane);
+              if (lane == 31) {
+                const int64_t n = n0 + sn;
+                fc[(pi + 1) * N + n] = wfma(pa[0], fc[pi * N + n], pb[0]);
+                if (sn + 1 < ns) fc[(pi + 1) * N + n + 1] = wfma(pa[1], fc[pi * N + n + 1], pb[1]);
+              }
+            }
+            if (varB) __syncthreads();  // the staged rows are overwritten next
+          }
+          __syncwarp();
+        }
+
+        // ---------------------------------------------------------------- pass 2: pieces in reverse
+        for (int pi = np - 1; pi >= 0; --pi) {
+          const int64_t p0 = cs + static_cast<int64_t>(pi) * kPiece;
+          const int64_t t0 = p0 + lane * K;
+          const int nv = static_cast<int>(Lv - t0 < 0 ? 0 : (Lv - t0 > K ? K : Lv - t0));  // valid steps
+          float uu[K], dl[K], dt[K], gu_acc[K], gd_acc[K];
+          load_run<T, K>(urow, t0, Lv, vu, uu);
+          load_run<T, K>(drow, t0, Lv, vd, dl);
+          {
+            const T* grow = row_of<T>(p.dout, b, d);
+            load_run<T, K>(grow, t0, Lv, aligned16(grow), dt);
+          }
+          if (hasZ) {
+            const T* zrow = row_of<T>(p.z, b, d);
+            const T* orow = row_of<T>(p.out, b, d);
+            T* dzrow = wrow_of<T>(p.dz, b, d);
+            T* ozrow = hasOz ? wrow_of<T>(p.out_z, b, d) : nullptr;
+            float zz[K], oo[K];
+            load_run<T, K>(zrow, t0, Lv, aligned16(zrow), zz);
+            load_run<T, K>(orow, t0, Lv, aligned16(orow), oo);
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+              const float sg = __fdividef(1.f, 1.f + __expf(-zz[k]));
+              const float sl = zz[k] * sg;
+              zz[k] = dt[k] * oo[k] * sg * (1.f + zz[k] * (1.f - sg));  // dz
+              dt[k] = dt[k] * sl;
+              oo[k] = oo[k] * sl;  // recomputed out_z
+            }
+            store_run<T, K>(dzrow, t0, Lv, aligned16(dzrow), zz);
+            if (hasOz) store_run<T, K>(ozrow, t0, Lv, aligned16(ozrow), oo);
+          }
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            float v = dl[k] + bias;
+            if (p.softplus) v = softplus(v);
+            const bool ok = k < nv;
+            dl[k] = ok ? v : 0.f;
+            dt[k] = ok ? kTwo * dt[k] : 0.f;  // complex: the 2 of y = 2 Re(.) folded in
+            uu[k] = ok ? uu[k] : 0.f;
+            gu_acc[k] = Dd * dt[k] / kTwo;
+            gd_acc[k] = 0.f;
+            dD_l += dt[k] * uu[k] / kTwo;
+          }
+
+          for (int64_t n0 = 0; n0 < N; n0 += S) {
+            const int ns = static_cast<int>((N - n0 < S) ? (N - n0) : S);
+            if (nvar > 0) {
+              if (varB) stage_rows<T, kC>(stgB, Bbase, p.B.s[2], n0, ns, p0, L, vB);
+              if (varC) stage_rows<T, kC>(stgC, Cbase, p.C.s[2], n0, ns, p0, L, vC);
+              __syncthreads();
+            }
+            for (int sn = 0; sn < ns; ++sn) {
+              const int64_t n = n0 + sn;
+              const W Aw = ld_w<kC>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
+              W a2;
+              if constexpr (kC) a2 = make_float2(Aw.x * kLog2e, Aw.y);
+              else a2 = Aw * kLog2e;
+              W Bv[K], Cv[K];  // the B factor inside b̄ and the output coefficient of h
+              if (varB) {
+                read_row<kC>(stgB + sn * kV4, lane, Bv);
+              } else {
+                const W Bc = ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+#pragma unroll
+                for (int k = 0; k < K; ++k) Bv[k] = Bc;
+              }
+              if (varC) {
+                read_row<kC>(stgC + sn * kV4, lane, Cv);
+              } else {
+                const W Cc = ld_w<kC>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
+#pragma unroll
+                for (int k = 0; k < K; ++k) Cv[k] = Cc;
+              }
+
+              // Forward recurrence of h inside the piece (seeded by the stored carry) and the reverse one,
+              // dh_t = dt_t conj(coef_t) + conj(ā_{t+1}) dh_{t+1} (seeded by gcar): both lane folds first,
+              // then the two independent warp scans together.
+              W ab[K], hs[K];
+#pragma unroll
+              for (int k = 0; k < K; ++k) ab[k] = (k < nv) ? decay<kC>(dl[k], a2) : wone<W>();
+              W an = shfl_down(wconj(ab[0]), 1);
+              if (lane == 31) an = wone<W>();  // the piece's last step continues into gcar
+              W pa = wone<W>(), pb = wzero<W>();
+#pragma unroll
+              for (int k = 0; k < K; ++k) {
+                pb = wfma(ab[k], pb, wscale(Bv[k], uu[k] * dl[k]));
+                pa = wmul(ab[k], pa);
+              }
+              W ra = wone<W>(), rb = wzero<W>();
+#pragma unroll
+              for (int k = K - 1; k >= 0; --k) {
+                const W al = (k == K - 1) ? an : wconj(ab[k + 1]);
+                rb = wfma(al, rb, wscale(wconj(Cv[k]), dt[k]));
+                ra = wmul(al, ra);
+              }
+              warp_scan_fwd_rev(pa, pb, ra, rb, lane);
+              const W carry = fc[pi * N + n];
+              const W gin = gcar[n];
+              W hin = shfl_up(wfma(pa, carry, pb), 1);
+              W dh = shfl_down(wfma(ra, gin, rb), 1);
+              if (lane == 0) hin = carry;
+              if (lane == 31) dh = gin;
+              {
+                W h = hin;
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                  h = wfma(ab[k], h, wscale(Bv[k], uu[k] * dl[k]));
+                  hs[k] = h;
+                }
+              }
+
+              W dA_l = wzero<W>(), aB_l = wzero<W>(), aC_l = wzero<W>();
+              W dBv[K], dCv[K];
+#pragma unroll
+              for (int k = K - 1; k >= 0; --k) {
+                const W al = (k == K - 1) ? an : wconj(ab[k + 1]);
+                dh = wfma(al, dh, wscale(wconj(Cv[k]), dt[k]));
+                const W hprev = (k > 0) ? hs[k - 1] : hin;
+                const W x = wmul(dh, wconj(wmul(ab[k], hprev)));  // dh conj(ā_t s_{t-1})
+                const float gu = wdotre(dh, Bv[k]);
+                gu_acc[k] += gu * dl[k];
+                gd_acc[k] += gu * uu[k] + wdotre(x, Aw);   // Re(dh conj(A ā s))
+                dA_l = wadd(dA_l, wscale(x, dl[k]));
+                const W db = wscale(dh, uu[k] * dl[k]);
+                const W dc = wscale(wconj(hs[k]), dt[k]);  // dt conj(h): the gradient of the coefficient
+                if (varB) dBv[k] = db;
+                else aB_l = wadd(aB_l, db);
+                if (varC) dCv[k] = dc;
+                else aC_l = wadd(aC_l, dc);
+                constexpr int kPer4 = 4 / kCw;  // steps per float4
+                if (k % kPer4 == 0) {           // a whole float4 of this lane's row is done: store it now
+                  const int j = k / kPer4;
+                  if (varB) redB[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dBv, k);
+                  if (varC) redC[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dCv, k);
+                }
+              }
+              // dh is now dh at the lane's first step; lane 0 hands g = conj(ā_first) dh_first to the piece before.
+              const W gout = wmul(wconj(ab[0]), dh);
+              if (args.lane_acc) {
+                W* la = lacc + n * 32 + lane;
+                *la = wadd(*la, dA_l);
+                if (args.accB >= 0) la[args.accB * N * 32] = wadd(la[args.accB * N * 32], aB_l);
+                if (args.accC >= 0) la[args.accC * N * 32] = wadd(la[args.accC * N * 32], aC_l);
+              } else {
+                dA_l = warp_sum(dA_l);
+                if (args.accB >= 0) aB_l = warp_sum(aB_l);
+                if (args.accC >= 0) aC_l = warp_sum(aC_l);
+                if (lane == 0) {
+                  acc[n] = wadd(acc[n], dA_l);
+                  if (args.accB >= 0) acc[args.accB * N + n] = wadd(acc[args.accB * N + n], aB_l);
+                  if (args.accC >= 0) acc[args.accC * N + n] = wadd(acc[args.accC * N + n], aC_l);
+                }
+              }
+              if (lane == 0) gcar[n] = gout;
+            }
+            if (nvar > 0) {
+              // Sum the block's channels in fixed warp order, then one float4 add per 4 steps into the image.
+              __syncthreads();
+              const int64_t Lr = L * kCw;
+              constexpr int kVpl = K * kCw / 4;
+              for (int idx = threadIdx.x; idx < nvar * ns * kV4; idx += blockDim.x) {
+                const int which = (varB && idx < ns * kV4) ? 0 : 1;
+                const int rest = idx - (which == 1 && varB ? ns * kV4 : 0);
+                const int sn = rest / kV4;
+                const int q = rest % kV4;  // position-major: lane ln, float4 j of that lane
+                const int ln = q / kVpl, j = q % kVpl;
+                const int64_t pos = p0 * kCw + static_cast<int64_t>(ln) * K * kCw + 4 * j;
+                if (pos >= Lr) continue;
+                const float4* src = (which == 0 ? redB : redC) + sn * nwarps * kV4 + j * 32 + ln;
+                float4 sum = src[0];
+                for (int w = 1; w < nwarps; ++w) {
+                  const float4 v = src[w * kV4];
+                  sum.x += v.x;
+                  sum.y += v.y;
+                  sum.z += v.z;
+                  sum.w += v.w;
+                }
+                float* img = (which == 0 ? args.vb : args.vc) + ((b * G + g) * N + n0 + sn) * args.var_row + pos;
+                if (args.det_var) {
+                  float4* q4 = reinterpret_cast<float4*>(img + slot * args.var_elems);
+                  if (r != 0) {
+                    const float4 o = *q4;
+                    sum.x += o.x;
+                    sum.y += o.y;
+                    sum.z += o.z;
+                    sum.w += o.w;
+                  }
+                  *q4 = sum;
+                } else {
+                  add_f4(img, sum);
+                }
+              }
+              __syncthreads();
+            }
+          }
+
+          // Softplus chain, then the per-step gradients.
+          if (p.softplus) {
+            float dr[K];
+            load_run<T, K>(drow, t0, Lv, vd, dr);
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+              const float v = dr[k] + bias;
+              if (v <= 20.f) gd_acc[k] *= __fdividef(1.f, 1.f + __expf(-v));
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < K; ++k) ddb_l += (k < nv) ? gd_acc[k] : 0.f;
+          {
+            T* durow = wrow_of<T>(p.du, b, d);
+            T* ddrow = wrow_of<T>(p.ddelta, b, d);
+            store_run<T, K>(durow, t0, Lv, aligned16(durow), gu_acc);
+            store_run<T, K>(ddrow, t0, Lv, aligned16(ddrow), gd_acc);
+          }
+          __syncwarp();
+        }
+      }
+
+      // Per-(b,d) partials (summed over batch by bwd_params) and dh0.
+      dD_l = warp_sum(dD_l);
+      ddb_l = warp_sum(ddb_l);
+      if (active) {
+        const int64_t bd = b * D + d;
+        if (lane == 0) {
+          args.ps[bd] = dD_l;
+          args.ps[p.batch * D + bd] = ddb_l;
+        }
+        W* pw = reinterpret_cast<W*>(args.pw);
+        for (int64_t n = lane; n < N; n += 32) {
+          for (int j = 0; j < args.nacc; ++j) {
+            W v = acc[j * N + n];
+            if (args.lane_acc) {
+              const W* la = lacc + (j * N + n) * 32;
+              for (int i = 0; i < 32; ++i) v = wadd(v, la[(i + lane) & 31]);  // rotated: no bank conflicts
+            }
+            pw[(j * p.batch * D + bd) * N + n] = v;
+          }
+          if (p.dh0.p != nullptr) st_w<kC>(p.dh0.p, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], gcar[n]);
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// dA, constant dB/dC, dD, ddelta_bias: fixed-order sums over batch of the per-(b,d) partials.
+template <bool kC>
+__global__ void bwd_params(const Args args) {
+  using W = typename WT<kC>::W;
+  const Problem& p = args.p;
+  const int64_t N = p.dstate, D = p.dim, Bt = p.batch;
+  const W* pw = reinterpret_cast<const W*>(args.pw);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < D * N; i += stride) {
+    const int64_t d = i / N, n = i % N;
+    W sA = wzero<W>(), sB = wzero<W>(), sC = wzero<W>();
+    for (int64_t b = 0; b < Bt; ++b) {
+      sA = wadd(sA, pw[(b * D + d) * N + n]);
+      if (args.accB >= 0) sB = wadd(sB, pw[((args.accB * Bt + b) * D + d) * N + n]);
+      if (args.accC >= 0) sC = wadd(sC, pw[((args.accC * Bt + b) * D + d) * N + n]);
+    }
+    st_w<kC>(p.dA.p, d * p.dA.s[0] + n * p.dA.s[1], sA);
+    if (!p.var_B) st_w<kC>(p.dB.p, d * p.dB.s[0] + n * p.dB.s[1], sB);
+    if (!p.var_C) st_w<kC>(p.dC.p, d * p.dC.s[0] + n * p.dC.s[1], sC);
+  }
+  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += stride) {
+    float sD = 0.f, sb = 0.f;
+    for (int64_t b = 0; b < Bt; ++b) {
+      sD += args.ps[b * D + d];
+      sb += args.ps[(Bt + b) * D + d];
+    }
+    if ((p.dD.p != nullptr)) static_cast<float*>(p.dD.p)[d * p.dD.s[0]] = sD;
+    if ((p.ddelta_bias.p != nullptr)) static_cast<float*>(p.ddelta_bias.p)[d * p.ddelta_bias.s[0]] = sb;
+  }
+}
+
+// Variable dB/dC: the fp32 image(s) (summed over `nimg` slot partials in order) into the itype view.
+template <typename T>
+__global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, int64_t Lp, View out, int64_t G,
+                            int64_t N, int64_t Lr, int64_t rows) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * Lr; i += stride) {
+    const int64_t t = i % Lr;
+    const int64_t row = i / Lr;
+    float s = 0.f;
+    for (int64_t j = 0; j < nimg; ++j) s += img[j * img_elems + row * Lp + t];
+    const int64_t n = row % N;
+    const int64_t g = (row / N) % G;
+    const int64_t b = row / (N * G);
+    static_cast<T*>(out.p)[b * out.s[0] + g * out.s[1] + n * out.s[2] + t] = from_f32<T>(s);
+  }
+}
+
+inline Status check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("backward: launching ") + what + " failed: " +
+                                               cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+inline unsigned grid_for(int64_t work, int threads) {
+  int64_t blocks = (work + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 65536) blocks = 65536;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(blocks);
+}
+
+template <typename T, bool kC>
+Status launch_typed(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
+  char* base = static_cast<char*>(ws);
+  Args a{};
+  a.p = p;
+  a.tiles_per_group = plan.tiles_per_group;
+  a.slots = plan.slots;
+  a.tiles_per_slot = plan.tiles_per_slot;
+  a.var_elems = plan.var_elems;
+  a.var_row = plan.var_row;
+  a.lane_acc = plan.lane_acc;
+  a.stile = plan.stile;
+  a.nacc = plan.nacc;
+  a.accB = plan.accB;
+  a.accC = plan.accC;
+  a.det_var = plan.det_var;
+  a.pw = reinterpret_cast<float*>(base + plan.off_pw);
+  a.ps = reinterpret_cast<float*>(base + plan.off_ps);
+  a.vb = p.var_B ? reinterpret_cast<float*>(base + plan.off_vb) : nullptr;
+  a.vc = p.var_C ? reinterpret_cast<float*>(base + plan.off_vc) : nullptr;
+
+  if (!plan.det_var) {
+    const size_t bytes = static_cast<size_t>(plan.var_elems) * sizeof(float);
+    if (p.var_B && cudaMemsetAsync(a.vb, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dB)");
+    if (p.var_C && cudaMemsetAsync(a.vc, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dC)");
+  }
+
+  auto kfn = bwd_main<T, kC>;
+  if (plan.smem > 48 * 1024) {
+    if (cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem)) !=
+        cudaSuccess)
+      return check_launch("cudaFuncSetAttribute(backward shared memory)");
+  }
+  int64_t blocks = p.batch * p.groups * plan.slots;
+  if (blocks > 0x7fffffff) blocks = 0x7fffffff;  // the kernel loops over the rest
+  kfn<<<static_cast<unsigned>(blocks), 32 * plan.warps, plan.smem, st>>>(a);
+  if (Status s = check_launch("the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
+
+  bwd_params<kC><<<grid_for(p.dim * p.dstate, 256), 256, 0, st>>>(a);
+  if (Status s = check_launch("the backward parameter reduction"); s != SELSCAN_STATUS_SUCCESS) return s;
+
+  const int64_t Lr = p.seqlen * (kC ? 2 : 1);
+  const int64_t rows = p.batch * p.groups * p.dstate;
+  const int64_t nimg = plan.det_var ? plan.slots : 1;
+  if (p.var_B) {
+    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vb, nimg, plan.var_elems, plan.var_row, p.dB,
+                                                             p.groups, p.dstate, Lr, rows);
+    if (Status s = check_launch("the dB conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
+  }
+  if (p.var_C) {
+    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vc, nimg, plan.var_elems, plan.var_row, p.dC,
+                                                             p.groups, p.dstate, Lr, rows);
+    if (Status s = check_launch("the dC conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
+  }
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+template <typename T>
+Status launch(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
+  return p.is_complex ? launch_typed<T, true>(p, plan, st, ws) : launch_typed<T, false>(p, plan, st, ws);
+}
+
+}  // namespace selscan::kern::bwd
