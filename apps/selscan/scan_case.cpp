@@ -283,6 +283,9 @@ std::string status_text(selscan_status_t st) {
 }
 
 DeviceCase::~DeviceCase() {
+  std::string ignored;
+  // Frees go to the device's own context, whichever device the caller used last.
+  if (target_.kind == SELSCAN_DEVICE_CUDA) make_current(target_.index, &ignored);
   for (void*& p : ptr_) {
     release(p);
     p = nullptr;
