@@ -1,9 +1,12 @@
-// Backward on the CPU. One task per row (b, d), handed out in order. Each row recomputes its forward states
-// chunk by chunk (seeded from the saved x, or recomputed when x is absent) and runs the reverse scan.
+// Backward on the CPU. A task is (batch b, group g, a block of K consecutive channels of the group); it walks
+// the chunks in reverse, converting variable B/C of a chunk once for the whole block, and for each channel
+// recomputes the chunk's forward states (seeded from the saved x, or recomputed when x is absent) and runs
+// the reverse scan, carrying dh from chunk to chunk. Scratch is O(chunk x dstate) per worker.
 //
 // Determinism, independent of the thread count: sums over batch (dA, constant dB/dC, dD, ddelta_bias) go
 // through per-row partials summed in batch order afterwards; variable dB/dC (summed over the channels of a
-// group) are added row by row in channel order (a row waits for its predecessor's add).
+// group) are summed over a block's channels in order, and blocks add their chunk sums in block order (a block
+// waits for its predecessor's add of the same chunk). K is fixed, not derived from the thread count.
 #include <algorithm>
 #include <memory>
 #include <thread>
@@ -17,26 +20,27 @@
 namespace selscan::cpu {
 namespace {
 
-template <class W>
-struct BwdScratch {
-  std::vector<float> delta, pre, u, du, dy, gsum, dsum, tmp, out1, out2;
-  std::vector<W> Bt, Ct;          // variable B/C of group `cached` over the whole row: [L][Np]
-  int64_t cached = -1;            // b * G + g of Bt/Ct
-  std::vector<W> dBt, dCt;        // this row's variable dB/dC: [L][Np]
-  std::vector<W> hs, as, seeds, carry, S1, S2, S3;
-  ChannelConsts<W> consts;
-};
+constexpr int64_t kBlockChannels = 16;
 
 template <class W>
-void store_w(const View& v, int64_t off, W x) {
-  wstore(v, off, x);
-}
+struct BwdScratch {
+  // One chunk of one row: [Tc]
+  std::vector<float> delta, pre, u, du, dy, gsum, dsum, out1, out2, tmp;
+  std::vector<W> Bt, Ct;          // variable B/C of the chunk: [Tc][Np]
+  std::vector<W> dBt, dCt;        // one row's variable dB/dC of the chunk: [Tc][Np]
+  std::vector<W> dBsum, dCsum;    // the block's sums over its channels: [Tc][Np]
+  std::vector<W> hs, as;          // kernel scratch
+  std::vector<W> seeds;           // [K][nc][Np] when x is absent
+  std::vector<W> carry, S1, S2, S3;  // [K][Np] per-row state across chunks
+  std::vector<ChannelConsts<W>> consts;  // [K]
+};
 
 template <class W>
 Status bwd_impl(const Problem& p, int num_threads) {
   const int64_t Bt = p.batch, D = p.dim, L = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
   const int64_t Np = padded_states(N), nc = p.nchunks, Tc = std::min(kChunk, L);
   const bool vb = p.var_B, vc = p.var_C, fold = p.fold_B, has_z = p.z.present();
+  const int64_t K = std::min(cpg, kBlockChannels), blocks = (cpg + K - 1) / K;
   const size_t rowsN = static_cast<size_t>(Bt * D * Np);
 
   // Per-row partials of the batch reductions, and the group accumulators of variable dB/dC ([L][Np]).
@@ -45,14 +49,15 @@ Status bwd_impl(const Problem& p, int num_threads) {
   const size_t acc_len = static_cast<size_t>(L * Np);
   std::vector<W> accB(vb ? static_cast<size_t>(Bt * G) * acc_len : 0);
   std::vector<W> accC(vc ? static_cast<size_t>(Bt * G) * acc_len : 0);
-  std::unique_ptr<std::atomic<int64_t>[]> turn;  // per (b, g): the channel (within the group) whose add is next
+  // Per (b, g, chunk): the block whose add of that chunk is next.
+  std::unique_ptr<std::atomic<int64_t>[]> turn;
   if (vb || vc) {
-    turn.reset(new std::atomic<int64_t>[static_cast<size_t>(Bt * G)]);
-    for (int64_t i = 0; i < Bt * G; ++i) turn[static_cast<size_t>(i)].store(0);
+    turn.reset(new std::atomic<int64_t>[static_cast<size_t>(Bt * G * nc)]);
+    for (int64_t i = 0; i < Bt * G * nc; ++i) turn[static_cast<size_t>(i)].store(0);
   }
   std::atomic<bool> abort{false};
 
-  const int64_t ntasks = Bt * D;
+  const int64_t ntasks = Bt * G * blocks;
   const int nthreads = resolve_threads(num_threads, ntasks);
   std::vector<std::unique_ptr<BwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
 
@@ -61,159 +66,194 @@ Status bwd_impl(const Problem& p, int num_threads) {
     if (!sp) {
       sp = std::make_unique<BwdScratch<W>>();
       for (auto* v : {&sp->delta, &sp->pre, &sp->u, &sp->du, &sp->dy, &sp->gsum, &sp->dsum, &sp->out1, &sp->out2})
-        v->resize(static_cast<size_t>(L));
-      sp->tmp.resize(static_cast<size_t>(2 * L));
-      if (vb) sp->Bt.resize(acc_len), sp->dBt.resize(acc_len);
-      if (vc) sp->Ct.resize(acc_len), sp->dCt.resize(acc_len);
+        v->resize(static_cast<size_t>(Tc));
+      sp->tmp.resize(static_cast<size_t>(2 * Tc));
+      const size_t tn = static_cast<size_t>(Tc * Np);
+      if (vb) sp->Bt.resize(tn), sp->dBt.resize(tn), sp->dBsum.resize(tn);
+      if (vc) sp->Ct.resize(tn), sp->dCt.resize(tn), sp->dCsum.resize(tn);
       sp->hs.resize(static_cast<size_t>((Tc + 1) * Np));
-      sp->as.resize(static_cast<size_t>(Tc * Np));
-      sp->seeds.resize(static_cast<size_t>(nc * Np));
-      for (auto* v : {&sp->carry, &sp->S1, &sp->S2, &sp->S3}) v->resize(static_cast<size_t>(Np));
-      sp->consts.resize(Np);
+      sp->as.resize(tn);
+      if (nc > 1 && !p.x.present()) sp->seeds.resize(static_cast<size_t>(K * nc * Np));
+      for (auto* v : {&sp->carry, &sp->S1, &sp->S2, &sp->S3}) v->resize(static_cast<size_t>(K * Np));
+      sp->consts.resize(static_cast<size_t>(K));
+      for (auto& c : sp->consts) c.resize(Np);
     }
     BwdScratch<W>& s = *sp;
-    const int64_t b = task / D, d = task % D, g = d / cpg, row = b * D + d;
-    s.consts.fill(p, d);
-    const ChannelConsts<W>& cc = s.consts;
+    const int64_t b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
+    const int64_t d0 = g * cpg + kb * K, nr = std::min(K, cpg - kb * K);
 
-    // Row inputs over the whole sequence.
-    load_delta(p, b, d, 0, L, s.delta.data(), s.pre.data());
-    load_row(p.itype, p.u.p, bdl_offset(p.u, b, d), L, s.u.data());
-    load_row(p.itype, p.dout.p, bdl_offset(p.dout, b, d), L, s.dy.data());
-    for (int64_t t = 0; t < L; ++t) s.du[t] = s.delta[t] * s.u[t];
-    if (has_z) {
-      // Gate: dz from the saved (rounded) out; dy = dout * silu(z); out_z recomputed from the saved out.
-      float* zr = s.out1.data();
-      float* outr = s.out2.data();
-      load_row(p.itype, p.z.p, bdl_offset(p.z, b, d), L, zr);
-      load_row(p.itype, p.out.p, bdl_offset(p.out, b, d), L, outr);
-      for (int64_t t = 0; t < L; ++t) {
-        const float zt = zr[t], ot = outr[t], dout = s.dy[t];
-        const float sg = sigmoid(zt), silu = zt * sg;
-        zr[t] = dout * ot * sg * (1.f + zt * (1.f - sg));  // dz
-        s.dy[t] = dout * silu;
-        outr[t] = ot * silu;  // recomputed out_z
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t d = d0 + r;
+      s.consts[static_cast<size_t>(r)].fill(p, d);
+      dD_part[static_cast<size_t>(b * D + d)] = 0.f;
+      ddb_part[static_cast<size_t>(b * D + d)] = 0.f;
+      W* dA = dA_part.data() + (b * D + d) * Np;
+      std::fill(dA, dA + Np, W{});
+    }
+    for (auto* v : {&s.carry, &s.S1, &s.S2, &s.S3}) std::fill(v->begin(), v->end(), W{});
+
+    // The state before chunk c of row r.
+    auto h0_into = [&](int64_t d, W* dst) {
+      for (int64_t n = 0; n < Np; ++n)
+        dst[n] = (n < N && p.h0.present()) ? wload<W>(p.h0, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : W{};
+    };
+    std::vector<W> seed_buf(static_cast<size_t>(Np));
+    auto seed_of = [&](int64_t r, int64_t c) -> const W* {
+      const int64_t d = d0 + r;
+      if (c == 0) {
+        h0_into(d, seed_buf.data());
+        return seed_buf.data();
       }
-      store_row(p.itype, p.dz.p, bdl_offset(p.dz, b, d), L, zr);
-      if (p.out_z.present()) store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d), L, outr);
-    }
-    {
-      float acc = 0.f;
-      for (int64_t t = 0; t < L; ++t) acc += s.dy[t] * s.u[t];
-      dD_part[static_cast<size_t>(row)] = acc;
-    }
+      if (!p.x.present()) return s.seeds.data() + (r * nc + c) * Np;
+      const int64_t base = b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2];
+      for (int64_t n = 0; n < Np; ++n) seed_buf[static_cast<size_t>(n)] = n < N ? wload<W>(p.x, base + 2 * n + 1) : W{};
+      return seed_buf.data();
+    };
+    // δ, δu of chunk rows (t0, T) of channel d into s.delta / s.du (s.pre: before softplus; s.u: u).
+    auto load_dt = [&](int64_t d, int64_t t0, int64_t T) {
+      load_delta(p, b, d, t0, T, s.delta.data(), s.pre.data());
+      load_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
+      for (int64_t t = 0; t < T; ++t) s.du[t] = s.delta[t] * s.u[t];
+    };
 
-    // Variable B/C of this row's group (rows come in order, so consecutive rows usually share it).
-    if ((vb || vc) && s.cached != b * G + g) {
-      if (vb) load_bc_block(p, p.B, b, g, 0, L, Np, s.tmp.data(), s.Bt.data());
-      if (vc) load_bc_block(p, p.C, b, g, 0, L, Np, s.tmp.data(), s.Ct.data());
-      s.cached = b * G + g;
-    }
-
-    // Chunk seeds: the state before each chunk.
-    W* seeds = s.seeds.data();
-    for (int64_t n = 0; n < Np; ++n)
-      seeds[n] = (n < N && p.h0.present()) ? wload<W>(p.h0, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : W{};
-    if (nc > 1) {
-      if (p.x.present()) {
-        const int64_t base = b * p.x.s[0] + d * p.x.s[1];
-        for (int64_t c = 1; c < nc; ++c)
-          for (int64_t n = 0; n < Np; ++n)
-            seeds[c * Np + n] = n < N ? wload<W>(p.x, base + (c - 1) * p.x.s[2] + 2 * n + 1) : W{};
-      } else {
-        W* h = s.hs.data();  // free until the reverse pass
-        std::copy(seeds, seeds + Np, h);
-        for (int64_t c = 0; c + 1 < nc; ++c) {
-          const int64_t t0 = c * kChunk;
-          std::fill(s.gsum.begin(), s.gsum.end(), 0.f);
-          FwdBlockT<W> k{kChunk,        Np,          s.delta.data() + t0, s.du.data() + t0,
-                         cc.A2.data(),  cc.Bc.data(), vb ? s.Bt.data() + t0 * Np : nullptr,
-                         cc.Cc.data(),  vc ? s.Ct.data() + t0 * Np : nullptr, cc.Cs.data(), h, nullptr,
+    // Without x, recompute the chunk seeds with the forward kernel (exactly the forward's states).
+    if (nc > 1 && !p.x.present()) {
+      for (int64_t r = 0; r < nr; ++r) h0_into(d0 + r, s.seeds.data() + r * nc * Np);
+      for (int64_t c = 0; c + 1 < nc; ++c) {
+        const int64_t t0 = c * kChunk;
+        if (vb) load_bc_block(p, p.B, b, g, t0, kChunk, Np, s.tmp.data(), s.Bt.data());
+        if (vc) load_bc_block(p, p.C, b, g, t0, kChunk, Np, s.tmp.data(), s.Ct.data());
+        for (int64_t r = 0; r < nr; ++r) {
+          const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
+          load_dt(d0 + r, t0, kChunk);
+          W* h = s.hs.data();
+          std::copy(s.seeds.data() + (r * nc + c) * Np, s.seeds.data() + (r * nc + c + 1) * Np, h);
+          FwdBlockT<W> k{kChunk,       Np,          s.delta.data(), s.du.data(), cc.A2.data(), cc.Bc.data(),
+                         s.Bt.data(), cc.Cc.data(), s.Ct.data(),    cc.Cs.data(), h,            nullptr,
                          s.gsum.data()};
           run_fwd_kernel(k, vb, vc, false);
-          std::copy(h, h + Np, seeds + (c + 1) * Np);
+          std::copy(h, h + Np, s.seeds.data() + (r * nc + c + 1) * Np);
         }
       }
     }
 
-    W* dA = dA_part.data() + row * Np;
-    std::fill(dA, dA + Np, W{});
-    for (auto* v : {&s.carry, &s.S1, &s.S2, &s.S3}) std::fill(v->begin(), v->end(), W{});
     for (int64_t c = nc - 1; c >= 0; --c) {
       const int64_t t0 = c * kChunk, T = std::min(kChunk, L - t0);
-      BwdChunkT<W> k{};
-      k.T = T;
-      k.Np = Np;
-      k.delta = s.delta.data() + t0;
-      k.du = s.du.data() + t0;
-      k.dy = s.dy.data() + t0;
-      k.A2 = cc.A2.data();
-      k.A = cc.A.data();
-      k.Bc = cc.Bc.data();
-      k.Bt = vb ? s.Bt.data() + t0 * Np : nullptr;
-      k.Cc = cc.Cc.data();
-      k.Ct = vc ? s.Ct.data() + t0 * Np : nullptr;
-      k.Cs = cc.Cs.data();
-      k.seed = seeds + c * Np;
-      k.hs = s.hs.data();
-      k.as = s.as.data();
-      k.carry = s.carry.data();
-      k.gsum = s.gsum.data() + t0;
-      k.dsum = s.dsum.data() + t0;
-      k.dA = dA;
-      k.dBt = vb ? s.dBt.data() + t0 * Np : nullptr;
-      k.dCt = vc ? s.dCt.data() + t0 * Np : nullptr;
-      k.S1 = s.S1.data();
-      k.S2 = s.S2.data();
-      k.S3 = s.S3.data();
-      run_bwd_kernel(k, vb, vc, fold);
-    }
+      if (vb) load_bc_block(p, p.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
+      if (vc) load_bc_block(p, p.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t d = d0 + r, row = b * D + d;
+        const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
+        load_dt(d, t0, T);
+        load_row(p.itype, p.dout.p, bdl_offset(p.dout, b, d) + t0, T, s.dy.data());
+        if (has_z) {
+          // Gate: dz from the saved (rounded) out; dy = dout * silu(z); out_z recomputed from the saved out.
+          float* zr = s.out1.data();
+          float* outr = s.out2.data();
+          load_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, zr);
+          load_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, outr);
+          for (int64_t t = 0; t < T; ++t) {
+            const float zt = zr[t], ot = outr[t], dout = s.dy[t];
+            const float sg = sigmoid(zt), silu = zt * sg;
+            zr[t] = dout * ot * sg * (1.f + zt * (1.f - sg));  // dz
+            s.dy[t] = dout * silu;
+            outr[t] = ot * silu;  // recomputed out_z
+          }
+          store_row(p.itype, p.dz.p, bdl_offset(p.dz, b, d) + t0, T, zr);
+          if (p.out_z.present()) store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, outr);
+        }
+        float dD = 0.f;
+        for (int64_t t = 0; t < T; ++t) dD += s.dy[t] * s.u[t];
+        dD_part[static_cast<size_t>(row)] += dD;
 
-    // du, ddelta (softplus chain), ddelta_bias partial.
-    const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
-    float* du_out = s.out1.data();
-    float* dd_out = s.out2.data();
-    float ddb = 0.f;
-    for (int64_t t = 0; t < L; ++t) {
-      du_out[t] = Dd * s.dy[t] + s.delta[t] * s.gsum[t];
-      float dd = s.u[t] * s.gsum[t] + s.dsum[t];
-      if (p.softplus && s.pre[t] <= 20.f) dd *= sigmoid(s.pre[t]);
-      dd_out[t] = dd;
-      ddb += dd;
-    }
-    ddb_part[static_cast<size_t>(row)] = ddb;
-    store_row(p.itype, p.du.p, bdl_offset(p.du, b, d), L, du_out);
-    store_row(p.itype, p.ddelta.p, bdl_offset(p.ddelta, b, d), L, dd_out);
+        BwdChunkT<W> k{};
+        k.T = T;
+        k.Np = Np;
+        k.delta = s.delta.data();
+        k.du = s.du.data();
+        k.dy = s.dy.data();
+        k.A2 = cc.A2.data();
+        k.A = cc.A.data();
+        k.Bc = cc.Bc.data();
+        k.Bt = s.Bt.data();
+        k.Cc = cc.Cc.data();
+        k.Ct = s.Ct.data();
+        k.Cs = cc.Cs.data();
+        k.seed = seed_of(r, c);
+        k.hs = s.hs.data();
+        k.as = s.as.data();
+        k.carry = s.carry.data() + r * Np;
+        k.gsum = s.gsum.data();
+        k.dsum = s.dsum.data();
+        k.dA = dA_part.data() + row * Np;
+        // The first channel of the block writes the block sums directly; the others go through dBt/dCt.
+        k.dBt = (r == 0 ? s.dBsum : s.dBt).data();
+        k.dCt = (r == 0 ? s.dCsum : s.dCt).data();
+        k.S1 = s.S1.data() + r * Np;
+        k.S2 = s.S2.data() + r * Np;
+        k.S3 = s.S3.data() + r * Np;
+        run_bwd_kernel(k, vb, vc, fold);
+        if (r > 0) {
+          const size_t n = static_cast<size_t>(T * Np);
+          if (vb)
+            for (size_t i = 0; i < n; ++i) s.dBsum[i] += s.dBt[i];
+          if (vc)
+            for (size_t i = 0; i < n; ++i) s.dCsum[i] += s.dCt[i];
+        }
 
-    if (p.dh0.present())
-      for (int64_t n = 0; n < N; ++n)
-        store_w(p.dh0, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], s.carry[static_cast<size_t>(n)]);
-
-    // Constant dB/dC of this row (see BwdChunkT for S1..S3).
-    for (int64_t n = 0; n < N; ++n) {
-      const size_t i = static_cast<size_t>(row * Np + n);
-      if (!vb) {
-        if (!fold) dB_part[i] = s.S3[n];
-        else if (vc) dB_part[i] = s.S2[n];
-        else dB_part[i] = s.S1[n] * conj(wload<W>(p.C, d * p.C.s[0] + n * p.C.s[1]));
+        // du, ddelta (softplus chain), ddelta_bias partial.
+        const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
+        float* du_out = s.out1.data();
+        float* dd_out = s.out2.data();
+        float ddb = 0.f;
+        for (int64_t t = 0; t < T; ++t) {
+          du_out[t] = Dd * s.dy[t] + s.delta[t] * s.gsum[t];
+          float dd = s.u[t] * s.gsum[t] + s.dsum[t];
+          if (p.softplus && s.pre[t] <= 20.f) dd *= sigmoid(s.pre[t]);
+          dd_out[t] = dd;
+          ddb += dd;
+        }
+        ddb_part[static_cast<size_t>(row)] += ddb;
+        store_row(p.itype, p.du.p, bdl_offset(p.du, b, d) + t0, T, du_out);
+        store_row(p.itype, p.ddelta.p, bdl_offset(p.ddelta, b, d) + t0, T, dd_out);
       }
-      if (!vc) dC_part[i] = s.S1[n] * conj(cc.Cs[n]);
+
+      // Variable dB/dC: add the block's chunk sums into the group accumulator, in block order.
+      if (vb || vc) {
+        std::atomic<int64_t>& my_turn = turn[static_cast<size_t>((b * G + g) * nc + c)];
+        while (my_turn.load(std::memory_order_acquire) != kb) {
+          if (abort.load(std::memory_order_relaxed)) throw Aborted{};
+          std::this_thread::yield();
+        }
+        const size_t base = static_cast<size_t>(b * G + g) * acc_len + static_cast<size_t>(t0 * Np);
+        const size_t n = static_cast<size_t>(T * Np);
+        if (vb)
+          for (size_t i = 0; i < n; ++i) accB[base + i] += s.dBsum[i];
+        if (vc)
+          for (size_t i = 0; i < n; ++i) accC[base + i] += s.dCsum[i];
+        my_turn.store(kb + 1, std::memory_order_release);
+      }
     }
 
-    // Variable dB/dC: add this row into its group's accumulator, in channel order.
-    if (vb || vc) {
-      std::atomic<int64_t>& my_turn = turn[static_cast<size_t>(b * G + g)];
-      const int64_t rank = d - g * cpg;
-      while (my_turn.load(std::memory_order_acquire) != rank) {
-        if (abort.load(std::memory_order_relaxed)) throw Aborted{};
-        std::this_thread::yield();
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t d = d0 + r, row = b * D + d;
+      const W* carry = s.carry.data() + r * Np;  // ā_0 dh_0: the gradient of h0
+      if (p.dh0.present())
+        for (int64_t n = 0; n < N; ++n) wstore(p.dh0, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], carry[n]);
+      // Constant dB/dC of this row (see BwdChunkT for S1..S3).
+      const W* S1 = s.S1.data() + r * Np;
+      const W* S2 = s.S2.data() + r * Np;
+      const W* S3 = s.S3.data() + r * Np;
+      const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = static_cast<size_t>(row * Np + n);
+        if (!vb) {
+          if (!fold) dB_part[i] = S3[n];
+          else if (vc) dB_part[i] = S2[n];
+          else dB_part[i] = S1[n] * conj(wload<W>(p.C, d * p.C.s[0] + n * p.C.s[1]));
+        }
+        if (!vc) dC_part[i] = S1[n] * conj(cc.Cs[n]);
       }
-      const size_t base = static_cast<size_t>(b * G + g) * acc_len;
-      if (vb)
-        for (size_t i = 0; i < acc_len; ++i) accB[base + i] += s.dBt[i];
-      if (vc)
-        for (size_t i = 0; i < acc_len; ++i) accC[base + i] += s.dCt[i];
-      my_turn.store(rank + 1, std::memory_order_release);
     }
   };
   if (Status st = run_tasks(ntasks, nthreads, body, &abort); st != SELSCAN_STATUS_SUCCESS) return st;
@@ -228,16 +268,16 @@ Status bwd_impl(const Problem& p, int num_threads) {
     if (p.dD.present()) static_cast<float*>(p.dD.p)[d * p.dD.s[0]] = sD;
     if (p.ddelta_bias.present()) static_cast<float*>(p.ddelta_bias.p)[d * p.ddelta_bias.s[0]] = sb;
     for (int64_t n = 0; n < N; ++n) {
-      W a{}, bb{}, cc{};
+      W a{}, sb_{}, sc{};
       for (int64_t b = 0; b < Bt; ++b) {
         const size_t i = static_cast<size_t>((b * D + d) * Np + n);
         a += dA_part[i];
-        if (!vb) bb += dB_part[i];
-        if (!vc) cc += dC_part[i];
+        if (!vb) sb_ += dB_part[i];
+        if (!vc) sc += dC_part[i];
       }
-      store_w(p.dA, d * p.dA.s[0] + n * p.dA.s[1], a);
-      if (!vb) store_w(p.dB, d * p.dB.s[0] + n * p.dB.s[1], bb);
-      if (!vc) store_w(p.dC, d * p.dC.s[0] + n * p.dC.s[1], cc);
+      wstore(p.dA, d * p.dA.s[0] + n * p.dA.s[1], a);
+      if (!vb) wstore(p.dB, d * p.dB.s[0] + n * p.dB.s[1], sb_);
+      if (!vc) wstore(p.dC, d * p.dC.s[0] + n * p.dC.s[1], sc);
     }
   }
 

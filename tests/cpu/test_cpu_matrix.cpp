@@ -133,6 +133,18 @@ TEST(CpuMatrix, DeltaRange) {
   check_case(s);
 }
 
+// More channels per group than one backward block holds (16): variable dB/dC sums span several blocks.
+TEST(CpuMatrix, ManyChannelsPerGroup) {
+  uint64_t seed = 960;
+  for (int variant = 0; variant < 3; ++variant) {
+    CaseSpec s;
+    s.batch = 2, s.dim = 40, s.groups = 2, s.seqlen = 2100, s.dstate = 4;
+    s.var_B = variant != 1, s.var_C = variant != 2, s.complex = variant == 2, s.seed = seed++;
+    s.slow_decay = !s.complex;  // nearly undamped rotations over 2100 steps cost fp32 most of its margin
+    check_case(s, 3);
+  }
+}
+
 TEST(CpuMatrix, ThreadCounts) {
   for (int th : {1, 3, 0}) {
     CaseSpec s;
