@@ -176,9 +176,14 @@ Case make_case(const CaseSpec& s) {
 
   c.A = make_tensor(wt, {D, N}, dn);
   fill(c.A, [&] {
-    // Upstream's tests use -0.5 * rand; slow_decay spreads |A| log-uniformly over [1e-3, 1] instead.
-    const double re = s.slow_decay ? -std::exp(std::log(1e-3) * rng.uniform()) : -0.5 * rng.uniform();
-    return s.complex ? cd(re, 2.0 * rng.normal()) : real(re);
+    // Upstream's tests use -0.5 * rand; slow_decay spreads |A| log-uniformly over [1e-3, 1] instead. Complex
+    // weights rotate fast here (|A.im| ~ 2) and keep some damping (A.re <= -0.02) unless slow_decay asks for
+    // less: undamped fast rotations over thousands of steps make the gradients ill-conditioned in fp32.
+    if (s.slow_decay) {
+      const double re = -std::exp(std::log(1e-3) * rng.uniform());
+      return s.complex ? cd(re, 2.0 * rng.normal()) : real(re);
+    }
+    return s.complex ? cd(-0.02 - 0.48 * rng.uniform(), 2.0 * rng.normal()) : real(-0.5 * rng.uniform());
   });
 
   auto make_bc = [&](bool var) {
