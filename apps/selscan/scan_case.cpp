@@ -138,6 +138,10 @@ bool parse_shape(const std::string& text, CaseSpec* s, std::string* err) {
                        text);
     return false;
   }
+  if (v[1] % v[4] != 0) {
+    *err = fmt::format("bad shape '{}': the groups G={} must divide D={}", text, v[4], v[1]);
+    return false;
+  }
   s->batch = v[0];
   s->dim = v[1];
   s->seqlen = v[2];
