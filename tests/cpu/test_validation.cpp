@@ -197,7 +197,7 @@ TEST(Validation, Layouts) {
   k.fwd.u.data = reinterpret_cast<char*>(k.u.data()) + 1;
   expect_error(selscan_fwd(&k.fwd, &k.exec), SELSCAN_STATUS_BAD_LAYOUT, {"u:", "aligned"});
   Fixture m;
-  m.fwd.delta.strides[0] = INT64_MAX / 2;
+  m.fwd.delta.strides[1] = INT64_MAX / 2;  // 3 * (INT64_MAX / 2) overflows
   expect_error(selscan_fwd(&m.fwd, &m.exec), SELSCAN_STATUS_UNSUPPORTED, {"delta", "overflows"});
   EXPECT_TRUE(f.fwd_outputs_untouched());
 }
