@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "cuda/launch.h"
@@ -55,21 +56,22 @@ struct Plan {
 Plan make_plan(const Problem& p, cuda::Family f);
 
 // Shared memory of the main kernel, in floats (host and device agree on this layout):
-//   per warp: fc [kPiecesPerChunk][N], gcar [N], acc [nacc][N]            (weights-typed)
+//   per warp: fc [kPiecesPerChunk][N], gcar [N], acc [nacc][N], pcache [4][N] (weights-typed)
 //   per warp, when `lane_acc`: lane partials [nacc][N][32]                (weights-typed)
-//   block: staged variable B/C rows [nvar][stile][kPiece*cw], reduction buffers [nvar][stile][warps][kPiece*cw]
+//   block: staged variable B/C rows, raw itype [2][nvar][stile][kPiece*cw] (double-buffered), reduction buffers
+//          [nvar][stile][warps][kPiece*cw] (fp32)
 struct SmemLayout {
   int64_t per_warp, lane_acc_per_warp, stage, red, total;  // floats
 };
 __host__ __device__ inline int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
 __host__ __device__ inline SmemLayout smem_layout(int64_t N, bool cplx, int nacc, int nvar, bool lane_acc, int warps,
-                                                  int stile) {
+                                                  int stile, int isz) {
   const int64_t wsz = cplx ? 2 : 1;
   SmemLayout l;
-  l.per_warp = round4((kPiecesPerChunk + 1 + nacc) * N * wsz);
+  l.per_warp = round4((kPiecesPerChunk + 1 + nacc + 4) * N * wsz);
   l.lane_acc_per_warp = lane_acc ? nacc * N * wsz * 32 : 0;
-  l.stage = static_cast<int64_t>(nvar) * stile * kPiece * wsz;
-  l.red = l.stage * warps;
+  l.stage = 2 * static_cast<int64_t>(nvar) * stile * kPiece * wsz * isz / 4;  // two buffers of raw itype rows
+  l.red = static_cast<int64_t>(nvar) * stile * kPiece * wsz * warps;
   l.total = warps * (l.per_warp + l.lane_acc_per_warp) + l.stage + l.red;
   return l;
 }
@@ -225,37 +227,106 @@ __device__ __forceinline__ typename WT<kC>::W decay(float delta, typename WT<kC>
   else return exp2_fast(delta * a2);
 }
 
-// Variable B or C rows n0..n0+ns-1 of the piece starting at p0 (batch/group base `base`), staged block-wide as
-// fp32 into `dst`: float4 index (sn * kVpl + j) * 32 + lane holds floats 4j..4j+3 of that lane's K steps
-// (complex: K interleaved pairs), so each lane's reads are conflict-free 16-byte loads. Steps past L read as 0.
+// cp.async (sm_80+): global -> shared copies that need no registers, so the next round's rows load while the
+// current one computes. Older targets copy synchronously (same layout, no overlap).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gsrc) : "memory");
+#else
+  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gsrc);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_prev() {  // all but the most recent group have landed
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
 template <typename T, bool kC>
-__device__ __forceinline__ void stage_rows(float4* dst, const T* base, int64_t sstride, int64_t n0, int ns,
+struct Stage {
+  static constexpr int kCw = WT<kC>::kCw;
+  static constexpr int VE = Vec16<T>::kElems;              // itype elements per 16-byte chunk
+  static constexpr int kRowChunks = kPiece * kCw / VE;     // chunks per staged row
+  static constexpr int kCpl = kItems * kCw / VE;           // chunks per lane
+  static_assert(kItems * kCw % VE == 0, "a 16-byte chunk must stay within one lane's steps");
+};
+
+// Variable B or C rows n0..n0+ns-1 of the piece starting at p0 (batch/group base `base`), staged block-wide as
+// raw itype into `dst`: chunk c of a row goes to slot (c % kCpl) * 32 + c / kCpl, so each lane reads its own
+// K steps (complex: K interleaved pairs) as conflict-free 16-byte loads. Steps past L read as 0; rows that are
+// not 16-byte aligned (or the tail) are copied element by element.
+template <typename T, bool kC>
+__device__ __forceinline__ void stage_rows(uint4* dst, const T* base, int64_t sstride, int64_t n0, int ns,
                                            int64_t p0, int64_t L, bool vec) {
-  constexpr int kCw = WT<kC>::kCw;
-  constexpr int kLaneF = kItems * kCw;     // floats per lane per state
-  constexpr int kVpl = kLaneF / 4;
-  constexpr int kV4 = kPiece * kCw / 4;    // float4 per staged row
-  constexpr int VE = Vec16<T>::kElems;
-  constexpr int kPerRow = kPiece * kCw / VE;
-  static_assert(kLaneF % VE == 0, "a 16-byte load must stay within one lane's steps");
-  const int64_t e0 = p0 * kCw, lim = L * kCw;
-  for (int idx = threadIdx.x; idx < ns * kPerRow; idx += blockDim.x) {
-    const int sn = idx / kPerRow;
-    const int e = (idx % kPerRow) * VE;
-    const T* src = base + (n0 + sn) * sstride + e0 + e;
-    float v[VE];
-    if (vec && e0 + e + VE <= lim) {
-      load16(src, v);
+  using S = Stage<T, kC>;
+  const int64_t e0 = p0 * S::kCw, lim = L * S::kCw;
+  for (int idx = threadIdx.x; idx < ns * S::kRowChunks; idx += blockDim.x) {
+    const int sn = idx / S::kRowChunks;
+    const int c = idx - sn * S::kRowChunks;
+    const int64_t e = e0 + static_cast<int64_t>(c) * S::VE;
+    const T* src = base + (n0 + sn) * sstride + e;
+    uint4* d = dst + sn * S::kRowChunks + (c % S::kCpl) * 32 + c / S::kCpl;
+    if (vec && e + S::VE <= lim) {
+      cp_async16(d, src);
     } else {
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-      for (int j = 0; j < VE; ++j) v[j] = (e0 + e + j < lim) ? to_f32(src[j]) : 0.f;
+      for (int j = 0; j < S::VE; ++j) {
+        if (e + j >= lim) break;
+        if constexpr (sizeof(T) == 4) {
+          w[j] = reinterpret_cast<const uint32_t*>(src)[j];
+        } else {
+          const uint32_t h = reinterpret_cast<const uint16_t*>(src)[j];
+          w[j / 2] |= h << (16 * (j % 2));
+        }
+      }
+      *d = make_uint4(w[0], w[1], w[2], w[3]);
     }
+  }
+}
+
+// 16 bytes of itype values to floats.
+template <typename T>
+__device__ __forceinline__ void unpack16(uint4 raw, float* out) {
+  if constexpr (sizeof(T) == 4) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int q = 0; q < VE / 4; ++q) {
-      const int fl = e + 4 * q;
-      dst[sn * kV4 + ((fl % kLaneF) / 4) * 32 + fl / kLaneF] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    for (int i = 0; i < 4; ++i) {
+      const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu);
+      const unsigned short hi = static_cast<unsigned short>(w[i] >> 16);
+      if constexpr (std::is_same_v<T, __half>) {
+        out[2 * i] = __half2float(__ushort_as_half(lo));
+        out[2 * i + 1] = __half2float(__ushort_as_half(hi));
+      } else {
+        out[2 * i] = __uint_as_float(static_cast<uint32_t>(lo) << 16);
+        out[2 * i + 1] = __uint_as_float(static_cast<uint32_t>(hi) << 16);
+      }
     }
-    (void)kVpl;
+  }
+}
+
+// A lane's K weights of one raw staged row.
+template <typename T, bool kC>
+__device__ __forceinline__ void read_staged(const uint4* row, int lane, typename WT<kC>::W (&out)[kItems]) {
+  using S = Stage<T, kC>;
+  float f[kItems * S::kCw];
+#pragma unroll
+  for (int j = 0; j < S::kCpl; ++j) unpack16<T>(row[j * 32 + lane], f + j * S::VE);
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    if constexpr (kC) out[k] = make_float2(f[2 * k], f[2 * k + 1]);
+    else out[k] = f[k];
   }
 }
 
@@ -323,15 +394,20 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
 
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const SmemLayout lay = smem_layout(N, kC, args.nacc, nvar, args.lane_acc, nwarps, S);
+  const SmemLayout lay = smem_layout(N, kC, args.nacc, nvar, args.lane_acc, nwarps, S, sizeof(T));
   W* fc = reinterpret_cast<W*>(smem + warp * lay.per_warp);  // [kPiecesPerChunk][N] incoming state per piece
   W* gcar = fc + kPiecesPerChunk * N;                         // [N] reverse carry
   W* acc = gcar + N;                                          // [nacc][N]
+  W* pA = acc + args.nacc * N;                                // [N] A[d, n]
+  W* pA2 = pA + N;                                            // [N] A[d, n] pre-scaled for exp2 (real part)
+  W* pB = pA2 + N;                                            // [N] constant B[d, n]
+  W* pC = pB + N;                                             // [N] constant C[d, n]
   W* lacc = reinterpret_cast<W*>(smem + nwarps * lay.per_warp + warp * lay.lane_acc_per_warp);  // [nacc][N][32]
-  float4* stg = reinterpret_cast<float4*>(smem + nwarps * (lay.per_warp + lay.lane_acc_per_warp));
-  float4* stgB = stg;
-  float4* stgC = stg + (varB ? S * kV4 : 0);
-  float4* red = stg + nvar * S * kV4;
+  uint4* stg = reinterpret_cast<uint4*>(smem + nwarps * (lay.per_warp + lay.lane_acc_per_warp));
+  constexpr int kRowChunks = Stage<T, kC>::kRowChunks;
+  // staged rows: buffer bf, variable v (0 = B, 1 = C when B is variable too), state sn
+  auto stg_row = [&](int bf, int v, int sn) { return stg + ((bf * nvar + v) * S + sn) * kRowChunks; };
+  float4* red = reinterpret_cast<float4*>(smem + nwarps * (lay.per_warp + lay.lane_acc_per_warp) + lay.stage);
   float4* redB = red;
   float4* redC = red + (varB ? S * nwarps * kV4 : 0);
 
@@ -367,6 +443,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
       for (int64_t n = lane; n < N; n += 32) {
         gcar[n] = wzero<W>();
         for (int j = 0; j < args.nacc; ++j) acc[j * N + n] = wzero<W>();
+        const W Aw = ld_w<kC>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
+        pA[n] = Aw;
+        if constexpr (kC) pA2[n] = make_float2(Aw.x * kLog2e, Aw.y);
+        else pA2[n] = Aw * kLog2e;
+        if (!varB) pB[n] = ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+        if (!varC) pC[n] = ld_w<kC>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
       }
       if (args.lane_acc)
         for (int64_t i = lane; i < args.nacc * N * 32; i += 32) lacc[i] = wzero<W>();
@@ -382,7 +464,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
           if (active) {
             if (c > 0) {
               s0 = ld_w<kC>(p.x.p, b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1);
-              if (fold) s0 = wmul(s0, ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));
+              if (fold) s0 = wmul(s0, pB[n]);
             } else if (p.h0.p != nullptr) {
               s0 = ld_w<kC>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]);
             }
@@ -407,47 +489,103 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
             dl[k] = ok ? v : 0.f;
             uu[k] = ok ? uu[k] * v : 0.f;  // δu
           }
-          for (int64_t n0 = 0; n0 < N; n0 += S) {
+          // Real weights: the decay from step t to the piece's end is exp2(A2 * (sum of δ after t)), so the
+          // piece's carry update needs no scan: carry' = exp2(A2 Σδ) carry + Σ_t exp2(A2 e_t) B_t δu_t with
+          // e_t = Σ δ after t. The sums are state-independent (once per piece). Complex weights keep the
+          // product form (large phase arguments would lose __sincosf's accuracy).
+          float dtot = 0.f;
+          if constexpr (!kC) {
+            float run = 0.f;
+#pragma unroll
+            for (int k = K - 1; k >= 0; --k) {
+              const float v = dl[k];
+              dl[k] = run;  // δ after step k within the lane
+              run += v;
+            }
+            float suf = run;  // inclusive suffix sum over lanes
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+              const float v = __shfl_down_sync(kFullMask, suf, off);
+              if (lane + off < 32) suf += v;
+            }
+            float after = __shfl_down_sync(kFullMask, suf, 1);
+            if (lane == 31) after = 0.f;
+            dtot = __shfl_sync(kFullMask, suf, 0);
+#pragma unroll
+            for (int k = 0; k < K; ++k) dl[k] += after;
+          }
+          const int ntiles = static_cast<int>((N + S - 1) / S);
+          if (varB) {
+            stage_rows<T, kC>(stg_row(0, 0, 0), Bbase, p.B.s[2], 0, static_cast<int>(N < S ? N : S), p0, L, vB);
+            cp_async_commit();
+          }
+          for (int tt = 0; tt < ntiles; ++tt) {
+            const int64_t n0 = static_cast<int64_t>(tt) * S;
             const int ns = static_cast<int>((N - n0 < S) ? (N - n0) : S);
-            if (varB) {
-              stage_rows<T, kC>(stgB, Bbase, p.B.s[2], n0, ns, p0, L, vB);
+            const int bf = tt & 1;
+            if (varB) {  // prefetch the next round's rows, wait for this round's
+              if (tt + 1 < ntiles) {
+                const int64_t n1 = n0 + S;
+                stage_rows<T, kC>(stg_row(bf ^ 1, 0, 0), Bbase, p.B.s[2], n1,
+                                  static_cast<int>((N - n1 < S) ? (N - n1) : S), p0, L, vB);
+              }
+              cp_async_commit();
+              cp_async_wait_prev();
               __syncthreads();
             }
-            // Two states per round: their warp scans are independent, so their shuffles overlap.
-            for (int sn = 0; sn < ns; sn += 2) {
-              W pa[2], pb[2];
+            auto carries = [&](auto vb_tag) {
+              constexpr bool VB = decltype(vb_tag)::value;
+              // Two states per round: their warp reductions are independent, so their shuffles overlap.
+              for (int sn = 0; sn < ns; sn += 2) {
+                W pa[2], pb[2];
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int si = (sn + i < ns) ? sn + i : sn;  // an odd tail repeats the state (not stored)
-                const int64_t n = n0 + si;
-                const W Aw = ld_w<kC>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
-                W a2;
-                if constexpr (kC) a2 = make_float2(Aw.x * kLog2e, Aw.y);
-                else a2 = Aw * kLog2e;
-                W Bv[K];
-                if (varB) {
-                  read_row<kC>(stgB + si * kV4, lane, Bv);
+                for (int i = 0; i < 2; ++i) {
+                  const int si = (sn + i < ns) ? sn + i : sn;  // an odd tail repeats the state (not stored)
+                  const int64_t n = n0 + si;
+                  const W a2 = pA2[n];
+                  W Bv[K];
+                  if constexpr (VB) {
+                    read_staged<T, kC>(stg_row(bf, 0, si), lane, Bv);
+                  } else {
+#pragma unroll
+                    for (int k = 0; k < K; ++k) Bv[k] = wone<W>();
+                  }
+                  pb[i] = wzero<W>();
+                  if constexpr (kC) {
+                    pa[i] = wone<W>();
+#pragma unroll
+                    for (int k = 0; k < K; ++k) {
+                      const W ab = (k < nv) ? decay<kC>(dl[k], a2) : wone<W>();
+                      pb[i] = wfma(ab, pb[i], wscale(Bv[k], uu[k]));
+                      pa[i] = wmul(ab, pa[i]);
+                    }
+                  } else {
+#pragma unroll
+                    for (int k = 0; k < K; ++k) pb[i] = fmaf(exp2_fast(a2 * dl[k]), Bv[k] * uu[k], pb[i]);
+                    pa[i] = exp2_fast(a2 * dtot);
+                  }
+                  if constexpr (!VB) pb[i] = wmul(pb[i], pB[n]);
+                }
+                if constexpr (kC) {
+                  warp_scan_fwd2(pa[0], pb[0], pa[1], pb[1], lane);
                 } else {
-                  const W Bs = ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
 #pragma unroll
-                  for (int k = 0; k < K; ++k) Bv[k] = Bs;
+                  for (int m = 16; m >= 1; m >>= 1) {
+                    const float v0 = __shfl_xor_sync(kFullMask, pb[0], m);
+                    const float v1 = __shfl_xor_sync(kFullMask, pb[1], m);
+                    pb[0] += v0;
+                    pb[1] += v1;
+                  }
                 }
-                pa[i] = wone<W>();
-                pb[i] = wzero<W>();
-#pragma unroll
-                for (int k = 0; k < K; ++k) {
-                  const W ab = (k < nv) ? decay<kC>(dl[k], a2) : wone<W>();
-                  pb[i] = wfma(ab, pb[i], wscale(Bv[k], uu[k]));
-                  pa[i] = wmul(ab, pa[i]);
+                if (lane == 31) {
+                  const int64_t n = n0 + sn;
+                  fc[(pi + 1) * N + n] = wfma(pa[0], fc[pi * N + n], pb[0]);
+                  if (sn + 1 < ns) fc[(pi + 1) * N + n + 1] = wfma(pa[1], fc[pi * N + n + 1], pb[1]);
                 }
               }
-              warp_scan_fwd2(pa[0], pb[0], pa[1], pb[1], lane);
-              if (lane == 31) {
-                const int64_t n = n0 + sn;
-                fc[(pi + 1) * N + n] = wfma(pa[0], fc[pi * N + n], pb[0]);
-                if (sn + 1 < ns) fc[(pi + 1) * N + n + 1] = wfma(pa[1], fc[pi * N + n + 1], pb[1]);
-              }
-            }
+            };
+            if (varB) carries(std::true_type{});
+            else carries(std::false_type{});
             if (varB) __syncthreads();  // the staged rows are overwritten next
           }
           __syncwarp();
@@ -458,7 +596,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
           const int64_t p0 = cs + static_cast<int64_t>(pi) * kPiece;
           const int64_t t0 = p0 + lane * K;
           const int nv = static_cast<int>(Lv - t0 < 0 ? 0 : (Lv - t0 > K ? K : Lv - t0));  // valid steps
-          float uu[K], dl[K], dt[K], gu_acc[K], gd_acc[K];
+          float uu[K], dl[K], dt[K], du[K], gu_acc[K], gd_acc[K];
           load_run<T, K>(urow, t0, Lv, vu, uu);
           load_run<T, K>(drow, t0, Lv, vd, dl);
           {
@@ -492,36 +630,50 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
             dl[k] = ok ? v : 0.f;
             dt[k] = ok ? kTwo * dt[k] : 0.f;  // complex: the 2 of y = 2 Re(.) folded in
             uu[k] = ok ? uu[k] : 0.f;
+            du[k] = uu[k] * dl[k];  // δu
             gu_acc[k] = Dd * dt[k] / kTwo;
             gd_acc[k] = 0.f;
             dD_l += dt[k] * uu[k] / kTwo;
           }
 
-          for (int64_t n0 = 0; n0 < N; n0 += S) {
+          const int ntiles = static_cast<int>((N + S - 1) / S);
+          auto stage_round = [&](int bf, int64_t m0) {
+            const int ms = static_cast<int>((N - m0 < S) ? (N - m0) : S);
+            if (varB) stage_rows<T, kC>(stg_row(bf, 0, 0), Bbase, p.B.s[2], m0, ms, p0, L, vB);
+            if (varC) stage_rows<T, kC>(stg_row(bf, varB ? 1 : 0, 0), Cbase, p.C.s[2], m0, ms, p0, L, vC);
+            cp_async_commit();
+          };
+          if (nvar > 0) stage_round(0, 0);
+          for (int tt = 0; tt < ntiles; ++tt) {
+            const int64_t n0 = static_cast<int64_t>(tt) * S;
             const int ns = static_cast<int>((N - n0 < S) ? (N - n0) : S);
-            if (nvar > 0) {
-              if (varB) stage_rows<T, kC>(stgB, Bbase, p.B.s[2], n0, ns, p0, L, vB);
-              if (varC) stage_rows<T, kC>(stgC, Cbase, p.C.s[2], n0, ns, p0, L, vC);
+            const int bf = tt & 1;
+            if (nvar > 0) {  // prefetch the next round's rows, wait for this round's
+              if (tt + 1 < ntiles) stage_round(bf ^ 1, n0 + S);
+              else cp_async_commit();
+              cp_async_wait_prev();
               __syncthreads();
             }
+            // The state loop, specialised for constant/variable B and C (a uniform run-time choice).
+            auto states = [&](auto vb_tag, auto vc_tag) {
+              constexpr bool VB = decltype(vb_tag)::value;
+              constexpr bool VC = decltype(vc_tag)::value;
             for (int sn = 0; sn < ns; ++sn) {
               const int64_t n = n0 + sn;
-              const W Aw = ld_w<kC>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
-              W a2;
-              if constexpr (kC) a2 = make_float2(Aw.x * kLog2e, Aw.y);
-              else a2 = Aw * kLog2e;
+              const W Aw = pA[n];
+              const W a2 = pA2[n];
               W Bv[K], Cv[K];  // the B factor inside b̄ and the output coefficient of h
-              if (varB) {
-                read_row<kC>(stgB + sn * kV4, lane, Bv);
+              if constexpr (VB) {
+                read_staged<T, kC>(stg_row(bf, 0, sn), lane, Bv);
               } else {
-                const W Bc = ld_w<kC>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+                const W Bc = pB[n];
 #pragma unroll
                 for (int k = 0; k < K; ++k) Bv[k] = Bc;
               }
-              if (varC) {
-                read_row<kC>(stgC + sn * kV4, lane, Cv);
+              if constexpr (VC) {
+                read_staged<T, kC>(stg_row(bf, varB ? 1 : 0, sn), lane, Cv);
               } else {
-                const W Cc = ld_w<kC>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
+                const W Cc = pC[n];
 #pragma unroll
                 for (int k = 0; k < K; ++k) Cv[k] = Cc;
               }
@@ -537,7 +689,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
               W pa = wone<W>(), pb = wzero<W>();
 #pragma unroll
               for (int k = 0; k < K; ++k) {
-                pb = wfma(ab[k], pb, wscale(Bv[k], uu[k] * dl[k]));
+                pb = wfma(ab[k], pb, wscale(Bv[k], du[k]));
                 pa = wmul(ab[k], pa);
               }
               W ra = wone<W>(), rb = wzero<W>();
@@ -558,7 +710,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
                 W h = hin;
 #pragma unroll
                 for (int k = 0; k < K; ++k) {
-                  h = wfma(ab[k], h, wscale(Bv[k], uu[k] * dl[k]));
+                  h = wfma(ab[k], h, wscale(Bv[k], du[k]));
                   hs[k] = h;
                 }
               }
@@ -575,17 +727,17 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
                 gu_acc[k] += gu * dl[k];
                 gd_acc[k] += gu * uu[k] + wdotre(x, Aw);   // Re(dh conj(A ā s))
                 dA_l = wadd(dA_l, wscale(x, dl[k]));
-                const W db = wscale(dh, uu[k] * dl[k]);
+                const W db = wscale(dh, du[k]);
                 const W dc = wscale(wconj(hs[k]), dt[k]);  // dt conj(h): the gradient of the coefficient
-                if (varB) dBv[k] = db;
+                if constexpr (VB) dBv[k] = db;
                 else aB_l = wadd(aB_l, db);
-                if (varC) dCv[k] = dc;
+                if constexpr (VC) dCv[k] = dc;
                 else aC_l = wadd(aC_l, dc);
                 constexpr int kPer4 = 4 / kCw;  // steps per float4
                 if (k % kPer4 == 0) {           // a whole float4 of this lane's row is done: store it now
                   const int j = k / kPer4;
-                  if (varB) redB[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dBv, k);
-                  if (varC) redC[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dCv, k);
+                  if constexpr (VB) redB[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dBv, k);
+                  if constexpr (VC) redC[(sn * nwarps + warp) * kV4 + j * 32 + lane] = pack4<kC>(dCv, k);
                 }
               }
               // dh is now dh at the lane's first step; lane 0 hands g = conj(ā_first) dh_first to the piece before.
@@ -593,43 +745,59 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
               if (args.lane_acc) {
                 W* la = lacc + n * 32 + lane;
                 *la = wadd(*la, dA_l);
-                if (args.accB >= 0) la[args.accB * N * 32] = wadd(la[args.accB * N * 32], aB_l);
-                if (args.accC >= 0) la[args.accC * N * 32] = wadd(la[args.accC * N * 32], aC_l);
+                if constexpr (!VB) la[args.accB * N * 32] = wadd(la[args.accB * N * 32], aB_l);
+                if constexpr (!VC) la[args.accC * N * 32] = wadd(la[args.accC * N * 32], aC_l);
               } else {
                 dA_l = warp_sum(dA_l);
-                if (args.accB >= 0) aB_l = warp_sum(aB_l);
-                if (args.accC >= 0) aC_l = warp_sum(aC_l);
+                if constexpr (!VB) aB_l = warp_sum(aB_l);
+                if constexpr (!VC) aC_l = warp_sum(aC_l);
                 if (lane == 0) {
                   acc[n] = wadd(acc[n], dA_l);
-                  if (args.accB >= 0) acc[args.accB * N + n] = wadd(acc[args.accB * N + n], aB_l);
-                  if (args.accC >= 0) acc[args.accC * N + n] = wadd(acc[args.accC * N + n], aC_l);
+                  if constexpr (!VB) acc[args.accB * N + n] = wadd(acc[args.accB * N + n], aB_l);
+                  if constexpr (!VC) acc[args.accC * N + n] = wadd(acc[args.accC * N + n], aC_l);
                 }
               }
               if (lane == 0) gcar[n] = gout;
+            }
+            };
+            if (varB) {
+              if (varC) states(std::true_type{}, std::true_type{});
+              else states(std::true_type{}, std::false_type{});
+            } else {
+              if (varC) states(std::false_type{}, std::true_type{});
+              else states(std::false_type{}, std::false_type{});
             }
             if (nvar > 0) {
               // Sum the block's channels in fixed warp order, then one float4 add per 4 steps into the image.
               __syncthreads();
               const int64_t Lr = L * kCw;
               constexpr int kVpl = K * kCw / 4;
-              for (int idx = threadIdx.x; idx < nvar * ns * kV4; idx += blockDim.x) {
-                const int which = (varB && idx < ns * kV4) ? 0 : 1;
-                const int rest = idx - (which == 1 && varB ? ns * kV4 : 0);
+              const int items = ns * kV4;  // float4 per variable tensor in this round
+              const int64_t row0 = (b * G + g) * N + n0;
+              for (int idx = threadIdx.x; idx < nvar * items; idx += blockDim.x) {
+                const bool isC = !varB || idx >= items;
+                const int rest = isC && varB ? idx - items : idx;
                 const int sn = rest / kV4;
-                const int q = rest % kV4;  // position-major: lane ln, float4 j of that lane
-                const int ln = q / kVpl, j = q % kVpl;
-                const int64_t pos = p0 * kCw + static_cast<int64_t>(ln) * K * kCw + 4 * j;
+                const int q = rest - sn * kV4;  // position-major: lane ln, float4 j of that lane
+                const int ln = q / kVpl, j = q - ln * kVpl;
+                const int64_t pos = p0 * kCw + ln * (K * kCw) + 4 * j;
                 if (pos >= Lr) continue;
-                const float4* src = (which == 0 ? redB : redC) + sn * nwarps * kV4 + j * 32 + ln;
+                const float4* src = (isC ? redC : redB) + sn * nwarps * kV4 + j * 32 + ln;
                 float4 sum = src[0];
-                for (int w = 1; w < nwarps; ++w) {
+                auto add_w = [&](int w) {
                   const float4 v = src[w * kV4];
                   sum.x += v.x;
                   sum.y += v.y;
                   sum.z += v.z;
                   sum.w += v.w;
+                };
+                if (nwarps == kMaxWarps) {
+#pragma unroll
+                  for (int w = 1; w < kMaxWarps; ++w) add_w(w);
+                } else {
+                  for (int w = 1; w < nwarps; ++w) add_w(w);
                 }
-                float* img = (which == 0 ? args.vb : args.vc) + ((b * G + g) * N + n0 + sn) * args.var_row + pos;
+                float* img = (isC ? args.vc : args.vb) + (row0 + sn) * args.var_row + pos;
                 if (args.det_var) {
                   float4* q4 = reinterpret_cast<float4*>(img + slot * args.var_elems);
                   if (r != 0) {

@@ -43,6 +43,7 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   const bool cplx = p.is_complex;
   const int64_t wsz = cplx ? 2 : 1;
   const int nvar = (p.var_B ? 1 : 0) + (p.var_C ? 1 : 0);
+  const int isz = p.itype == Dtype::f32 ? 4 : 2;
   pl.nacc = 1;
   if (!p.var_B) pl.accB = pl.nacc++;
   if (!p.var_C) pl.accC = pl.nacc++;
@@ -54,12 +55,13 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   while (warps > 1 && warps / 2 >= cpg) warps /= 2;
   const size_t cap = smem_cap(f);
   auto bytes = [&](int w, int s) {
-    return static_cast<size_t>(smem_layout(p.dstate, cplx, pl.nacc, nvar, pl.lane_acc, w, s).total) * sizeof(float);
+    return static_cast<size_t>(smem_layout(p.dstate, cplx, pl.nacc, nvar, pl.lane_acc, w, s, isz).total) *
+           sizeof(float);
   };
   while (warps > 1 && bytes(warps, 1) > cap) warps /= 2;
   int stile = static_cast<int>(p.dstate);  // without variable B/C the state loop has no barriers
   if (nvar > 0) {
-    const int64_t per_state = static_cast<int64_t>(nvar) * (warps + 1) * kPiece * wsz * sizeof(float);
+    const int64_t per_state = static_cast<int64_t>(nvar) * kPiece * wsz * (warps * 4 + 2 * isz);
     stile = static_cast<int>(std::clamp<int64_t>(red_budget(f) / per_state, 1, std::min<int64_t>(p.dstate, 8)));
     while (stile > 1 && bytes(warps, stile) > cap) --stile;
   }
