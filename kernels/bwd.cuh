@@ -681,9 +681,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
               // Forward recurrence of h inside the piece (seeded by the stored carry) and the reverse one,
               // dh_t = dt_t conj(coef_t) + conj(ā_{t+1}) dh_{t+1} (seeded by gcar): both lane folds first,
               // then the two independent warp scans together.
+              // Steps past L have δ = 0 (ā finite) and zero dout/δu, so their ā never reaches a gradient.
               W ab[K], hs[K];
 #pragma unroll
-              for (int k = 0; k < K; ++k) ab[k] = (k < nv) ? decay<kC>(dl[k], a2) : wone<W>();
+              for (int k = 0; k < K; ++k) ab[k] = decay<kC>(dl[k], a2);
+#pragma unroll
+              for (int k = 0; k < K; ++k) Cv[k] = wscale(wconj(Cv[k]), dt[k]);  // beta_t = dt conj(coef)
               W an = shfl_down(wconj(ab[0]), 1);
               if (lane == 31) an = wone<W>();  // the piece's last step continues into gcar
               W pa = wone<W>(), pb = wzero<W>();
@@ -696,7 +699,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
 #pragma unroll
               for (int k = K - 1; k >= 0; --k) {
                 const W al = (k == K - 1) ? an : wconj(ab[k + 1]);
-                rb = wfma(al, rb, wscale(wconj(Cv[k]), dt[k]));
+                rb = wfma(al, rb, Cv[k]);
                 ra = wmul(al, ra);
               }
               warp_scan_fwd_rev(pa, pb, ra, rb, lane);
@@ -720,7 +723,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
 #pragma unroll
               for (int k = K - 1; k >= 0; --k) {
                 const W al = (k == K - 1) ? an : wconj(ab[k + 1]);
-                dh = wfma(al, dh, wscale(wconj(Cv[k]), dt[k]));
+                dh = wfma(al, dh, Cv[k]);
                 const W hprev = (k > 0) ? hs[k - 1] : hin;
                 const W x = wmul(dh, wconj(wmul(ab[k], hprev)));  // dh conj(ā_t s_{t-1})
                 const float gu = wdotre(dh, Bv[k]);

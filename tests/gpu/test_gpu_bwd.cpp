@@ -1,5 +1,6 @@
-// GPU backward (selscan_bwd on SELSCAN_DEVICE_CUDA) against an independent float64 recurrence written here, the
-// library's CPU path, and upstream's golden vectors. Every output is poisoned (NaN bytes) before each run.
+// GPU backward (selscan_bwd on SELSCAN_DEVICE_CUDA) against an independent float64 recurrence written here (the
+// library's CPU path is checked against it on the same inputs) and upstream's golden vectors. Every output is
+// poisoned (NaN bytes) before each run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -573,9 +574,11 @@ void check_all(Call& k, const Ref& r, double scale = 1.0, bool on_device = true)
   expect_close("ddelta" + tag, got(k.ddelta), r.ddelta, 5 * o.rtol * scale, 10 * o.atol * scale);
   const Tol tA = weight(1e-3, 5e-3);
   expect_close("dA" + tag, got(k.dA), r.dA, tA.rtol * scale, tA.atol * scale);
-  const Tol tB = c.varB ? o : weight(1e-3, 1e-3);
+  // Variable dB/dC sum D/G channels that cancel; upstream's test had at most 4 per group.
+  const double vs = std::max(1.0, std::sqrt(static_cast<double>(c.D / c.G) / 4.0));
+  const Tol tB = c.varB ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
   expect_close("dB" + tag, got(k.dB), r.dB, tB.rtol * scale, tB.atol * scale);
-  const Tol tC = c.varC ? o : weight(1e-3, 1e-3);
+  const Tol tC = c.varC ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
   expect_close("dC" + tag, got(k.dC), r.dC, tC.rtol * scale, tC.atol * scale);
   const Tol tw = weight(1e-3, 1e-3);
   if (c.hasD) expect_close("dD" + tag, got(k.dD), r.dD, tw.rtol * scale, tw.atol * scale);
@@ -606,6 +609,8 @@ void run_case(const Cfg& c) {
   if (::testing::Test::HasFatalFailure()) return;
   if (!run_gpu(k)) return;
   check_all(k, r, tol_scale(c));
+  // The CPU path on the same inputs (host mirrors) against the same float64 oracle.
+  if (run_cpu(k)) check_all(k, r, tol_scale(c), false);
 }
 
 // ---------------------------------------------------------------------------------------------- the matrix
