@@ -1,0 +1,632 @@
+// libFuzzer target over the public C ABI (selscan_fwd / selscan_bwd and their workspace queries).
+//
+// The input is decoded into a problem (small random dims, dtypes, flags), argument structs with every tensor
+// descriptor laid out in one of several legal layouts and then, at a fuzzed rate, mutated (dtype, ndim, a size, a
+// stride, presence, alignment, struct_size, exec fields). Every tensor the decoder points at is its own heap
+// block of exactly the bytes its descriptor addresses, and the argument/exec structs are heap blocks of exactly
+// struct_size bytes, so any read or write outside them is an AddressSanitizer report. Beyond "no crash, no
+// sanitizer report" each call must satisfy:
+//   - a failing call leaves a message in selscan_last_error() and writes no output;
+//   - a query that fails makes the call itself fail the same way (validation comes before any memory access);
+//   - a successful call leaves every input byte and every byte between output elements untouched, writes every
+//     output element (when the inputs are finite), and gives the same results with another thread count.
+// Shapes are capped so that one input runs in milliseconds.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "selscan/selscan.h"
+
+namespace {
+
+constexpr int64_t kMaxWork = int64_t{1} << 16;  // Bt * D * L * dstate (complex: 2 dstate)
+constexpr int64_t kMaxBytes = int64_t{8} << 20;  // larger descriptors are not backed (see Slot::backed)
+constexpr unsigned char kPoison = 0xFF;          // output bytes before a call (NaN in every float format)
+
+[[noreturn]] void die(const char* what, const char* detail = "") {
+  std::fprintf(stderr, "fuzz_abi: property violated: %s %s\n", what, detail);
+  std::fflush(stderr);
+  std::abort();
+}
+
+int64_t dtype_bytes(int32_t dt) {  // as the library sizes an element (unknown dtypes: 4)
+  return dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16 ? 2 : dt == SELSCAN_DTYPE_COMPLEX64 ? 8 : 4;
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A finite value with |v| in [2^-4, 2^2) in the dtype's bits (complex: two floats).
+void tame_element(unsigned char* p, int32_t dt, uint64_t& rng) {
+  const uint64_t r = splitmix(rng);
+  if (dt == SELSCAN_DTYPE_FLOAT16) {
+    const uint16_t h = static_cast<uint16_t>(((r & 1) << 15) | ((11 + (r >> 1) % 6) << 10) | ((r >> 8) & 0x3ff));
+    std::memcpy(p, &h, 2);
+  } else if (dt == SELSCAN_DTYPE_BFLOAT16) {
+    const uint16_t h = static_cast<uint16_t>(((r & 1) << 15) | ((123 + (r >> 1) % 6) << 7) | ((r >> 8) & 0x7f));
+    std::memcpy(p, &h, 2);
+  } else {
+    const int n = dt == SELSCAN_DTYPE_COMPLEX64 ? 2 : 1;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t q = i == 0 ? r : splitmix(rng);
+      const uint32_t f = static_cast<uint32_t>(((q & 1) << 31) | ((123 + (q >> 1) % 6) << 23) | ((q >> 8) & 0x7fffff));
+      std::memcpy(p + 4 * i, &f, 4);
+    }
+  }
+}
+
+bool is_nan_bits(const unsigned char* p, int32_t dt) {
+  if (dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return dt == SELSCAN_DTYPE_FLOAT16 ? (h & 0x7c00) == 0x7c00 && (h & 0x3ff) : (h & 0x7f80) == 0x7f80 && (h & 0x7f);
+  }
+  for (int i = 0; i < (dt == SELSCAN_DTYPE_COMPLEX64 ? 2 : 1); ++i) {
+    uint32_t f;
+    std::memcpy(&f, p + 4 * i, 4);
+    if ((f & 0x7f800000u) == 0x7f800000u && (f & 0x7fffffu)) return true;
+  }
+  return false;
+}
+
+enum class Kind { bdl, dn, bc, vec, bdn, x };
+
+// One tensor descriptor of an argument struct and the memory behind it.
+struct Slot {
+  const char* name = "";
+  selscan_tensor_t* t = nullptr;  // inside the caller-side copy of the args struct
+  bool output = false;
+  bool backed = true;     // its memory covers every element its descriptor addresses
+  bool overlaps = false;  // two elements share bytes (outputs: results depend on write order)
+  unsigned char* mem = nullptr;
+  size_t bytes = 0;
+  std::vector<int64_t> elems;  // byte offsets (from data) of every element, C order; empty if not backed
+  std::vector<unsigned char> snapshot;
+
+  Slot() = default;
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  ~Slot() { std::free(mem); }
+};
+
+struct Dims {
+  int64_t Bt, D, L, N, G, nc;
+  int32_t itype, wtype;
+  bool cplx;
+};
+
+class Decoder {
+ public:
+  Decoder(const uint8_t* data, size_t size) : f_(data, size) {}
+  FuzzedDataProvider& fdp() { return f_; }
+
+  // 0: no mutations; 1: rare; 2: frequent.
+  void set_chaos(int c) { chaos_ = c; }
+  bool mutate() {
+    if (chaos_ == 0) return false;
+    return f_.ConsumeIntegralInRange<int>(0, chaos_ == 1 ? 63 : 7) == 0;
+  }
+
+  int64_t pick(std::initializer_list<int64_t> v) {
+    return v.begin()[f_.ConsumeIntegralInRange<size_t>(0, v.size() - 1)];
+  }
+
+  // Canonical sizes and dtype of a tensor of `kind`, then a layout, then mutations.
+  void describe(selscan_tensor_t& t, Kind kind, const Dims& d, bool var_bc, bool bc_3d, bool output,
+                bool present) {
+    t = selscan_tensor_t{};
+    std::vector<int64_t> s;
+    int32_t dt = d.itype;
+    bool unit_last = true;
+    switch (kind) {
+      case Kind::bdl: s = {d.Bt, d.D, d.L}; break;
+      case Kind::dn: s = {d.D, d.N}; dt = d.wtype; unit_last = false; break;
+      case Kind::bc:
+        if (var_bc) {
+          const int64_t Lbc = d.cplx ? 2 * d.L : d.L;
+          s = bc_3d ? std::vector<int64_t>{d.Bt, d.N, Lbc} : std::vector<int64_t>{d.Bt, d.G, d.N, Lbc};
+        } else {
+          s = {d.D, d.N};
+          dt = d.wtype;
+          unit_last = false;
+        }
+        break;
+      case Kind::vec: s = {d.D}; dt = SELSCAN_DTYPE_FLOAT32; unit_last = false; break;
+      case Kind::bdn: s = {d.Bt, d.D, d.N}; dt = d.wtype; unit_last = false; break;
+      case Kind::x: s = {d.Bt, d.D, d.nc, 2 * d.N}; dt = d.wtype; break;
+    }
+    t.dtype = dt;
+    t.ndim = static_cast<int32_t>(s.size());
+    for (size_t i = 0; i < s.size(); ++i) t.sizes[i] = s[i];
+    layout(t, unit_last, !output && kind != Kind::x);
+    // Sizes and strides past ndim are ignored by the library: fill them with junk.
+    for (int i = t.ndim; i < SELSCAN_MAX_NDIM; ++i) {
+      t.sizes[i] = f_.ConsumeIntegral<int64_t>();
+      t.strides[i] = f_.ConsumeIntegral<int64_t>();
+    }
+    t.data = present ? reinterpret_cast<void*>(uintptr_t{1}) : nullptr;  // real memory comes in back()
+    if (mutate()) t.data = t.data ? nullptr : reinterpret_cast<void*>(uintptr_t{1});
+    if (mutate()) t.dtype = static_cast<int32_t>(pick({0, 1, 2, 3, -1, 4, 1 << 30, INT32_MIN}));
+    if (mutate()) t.ndim = static_cast<int32_t>(pick({0, 1, 2, 3, 4, 5, -1, 64, INT32_MAX, INT32_MIN}));
+    if (mutate()) {
+      const int i = f_.ConsumeIntegralInRange<int>(0, SELSCAN_MAX_NDIM - 1);
+      t.sizes[i] = pick({0, -1, t.sizes[i] + 1, t.sizes[i] - 1, 2 * t.sizes[i], INT64_MAX, INT64_MIN,
+                         int64_t{1} << 31, (int64_t{1} << 32) + 1, int64_t{1} << 62});
+    }
+    if (mutate()) {
+      const int i = f_.ConsumeIntegralInRange<int>(0, SELSCAN_MAX_NDIM - 1);
+      t.strides[i] = pick({0, 1, -1, -t.strides[i], t.strides[i] + 1, INT64_MAX, INT64_MIN, int64_t{1} << 62,
+                           (int64_t{1} << 61) + 3, int64_t{1} << 31});
+    }
+    misalign_ = mutate() ? static_cast<int>(f_.ConsumeIntegralInRange<int>(1, 7)) : 0;
+  }
+  int misalign() const { return misalign_; }
+
+ private:
+  void layout(selscan_tensor_t& t, bool unit_last, bool allow_broadcast) {
+    const int n = t.ndim;
+    const int mode = f_.ConsumeIntegralInRange<int>(0, 7);
+    std::vector<int> order(static_cast<size_t>(n));  // innermost first
+    for (int i = 0; i < n; ++i) order[static_cast<size_t>(i)] = n - 1 - i;
+    std::vector<int64_t> pad(static_cast<size_t>(n), 0);
+    if (mode == 4 || mode == 5) {
+      // A permutation of the dims (the last stays innermost where it must) with padding after each.
+      const int first = unit_last ? 1 : 0;
+      for (int i = n - 1; i > first; --i)
+        std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(f_.ConsumeIntegralInRange<int>(first, i))]);
+      for (auto& p : pad) p = f_.ConsumeIntegralInRange<int64_t>(0, 3);
+    }
+    int64_t next = 1;
+    for (int k = 0; k < n; ++k) {
+      const int dim = order[static_cast<size_t>(k)];
+      t.strides[dim] = next;
+      next = next * t.sizes[dim] + pad[static_cast<size_t>(k)];
+    }
+    if (mode == 5 && allow_broadcast && n > 1) {
+      // An input broadcast along one dim (stride 0), as a torch expand() gives.
+      t.strides[f_.ConsumeIntegralInRange<int>(0, unit_last ? n - 2 : n - 1)] = 0;
+    } else if (mode == 6) {
+      // Arbitrary small strides (outputs may overlap: then only the sanitizers judge).
+      for (int i = 0; i < n; ++i)
+        if (!(unit_last && i == n - 1)) t.strides[i] = f_.ConsumeIntegralInRange<int64_t>(allow_broadcast ? 0 : 1, 3 * next);
+    } else if (mode == 7) {
+      // Any stride on a dim of size 1 (its stride is never used).
+      for (int i = 0; i < n; ++i)
+        if (t.sizes[i] == 1) t.strides[i] = f_.ConsumeIntegral<int64_t>() & ((int64_t{1} << 40) - 1);
+    }
+  }
+
+  FuzzedDataProvider f_;
+  int chaos_ = 0;
+  int misalign_ = 0;
+};
+
+// Gives `s` memory of exactly the bytes its descriptor addresses (plus a misalignment offset) and records the
+// element offsets. Descriptors that are malformed (ndim outside [1, 4], a size < 1, a negative stride) or too
+// large to back get a small block instead: the library must reject those before touching memory.
+void back(Slot& s, int misalign, uint64_t& rng, bool tame) {
+  selscan_tensor_t& t = *s.t;
+  if (t.data == nullptr) return;
+  const int64_t es = dtype_bytes(t.dtype);
+  bool ok = t.ndim >= 1 && t.ndim <= SELSCAN_MAX_NDIM;
+  __int128 span = 0, numel = 1;
+  for (int i = 0; ok && i < t.ndim; ++i) {
+    ok = t.sizes[i] >= 1 && t.strides[i] >= 0;
+    if (!ok) break;
+    span += static_cast<__int128>(t.sizes[i] - 1) * t.strides[i];
+    numel *= t.sizes[i];
+    ok = span < kMaxBytes && numel < kMaxBytes;
+  }
+  size_t bytes = 16;
+  if (ok) bytes = static_cast<size_t>((span + 1) * es);
+  s.backed = ok;
+  s.bytes = bytes + static_cast<size_t>(misalign);
+  s.mem = static_cast<unsigned char*>(std::malloc(s.bytes));
+  if (s.mem == nullptr) die("malloc failed");
+  t.data = s.mem + misalign;
+  if (ok) {
+    const int n = t.ndim;
+    std::vector<int64_t> idx(static_cast<size_t>(n), 0);
+    for (int64_t k = 0; k < static_cast<int64_t>(numel); ++k) {
+      int64_t off = 0;
+      for (int i = 0; i < n; ++i) off += idx[static_cast<size_t>(i)] * t.strides[i];
+      s.elems.push_back(off * es);
+      for (int i = n - 1; i >= 0; --i) {
+        if (++idx[static_cast<size_t>(i)] < t.sizes[i]) break;
+        idx[static_cast<size_t>(i)] = 0;
+      }
+    }
+    std::vector<int64_t> sorted = s.elems;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 1; i < sorted.size(); ++i) s.overlaps = s.overlaps || sorted[i] - sorted[i - 1] < es;
+  }
+  unsigned char* base = s.mem + misalign;
+  std::memset(s.mem, 0, static_cast<size_t>(misalign));
+  if (s.output) {
+    std::memset(s.mem, kPoison, s.bytes);
+  } else if (tame && ok) {
+    for (size_t i = 0; i + static_cast<size_t>(es) <= bytes; i += static_cast<size_t>(es)) tame_element(base + i, t.dtype, rng);
+  } else {
+    for (size_t i = 0; i < s.bytes; ++i) s.mem[i] = static_cast<unsigned char>(splitmix(rng));
+  }
+}
+
+// Caller memory holding a struct: exactly `struct_size` bytes (at least the struct_size field; at most the
+// struct plus 64 junk bytes; a huge struct_size gets just the struct, which is all the library may read).
+template <class T>
+struct Boxed {
+  unsigned char* mem = nullptr;
+  explicit Boxed(const T& v, uint64_t& rng) {
+    const size_t ss = v.struct_size;
+    size_t bytes = ss < sizeof(size_t) ? sizeof(size_t) : ss > sizeof(T) + 64 ? sizeof(T) : ss;
+    mem = static_cast<unsigned char*>(std::malloc(bytes));
+    if (mem == nullptr) die("malloc failed");
+    std::memcpy(mem, &v, std::min(bytes, sizeof(T)));  // below sizeof(T): the tail does not exist for this caller
+    for (size_t i = sizeof(T); i < bytes; ++i) mem[i] = static_cast<unsigned char>(splitmix(rng));
+  }
+  ~Boxed() { std::free(mem); }
+  const T* get() const { return reinterpret_cast<const T*>(mem); }
+};
+
+size_t fuzz_struct_size(Decoder& dec, size_t real) {
+  if (!dec.mutate()) return real;
+  return static_cast<size_t>(dec.pick({0, 1, 7, 8, static_cast<int64_t>(real) - 8, static_cast<int64_t>(real) - 1,
+                                       static_cast<int64_t>(real) + 1, static_cast<int64_t>(real) + 64, -1}));
+}
+
+bool is_validation_status(selscan_status_t s) {
+  return s != SELSCAN_STATUS_SUCCESS && s != SELSCAN_STATUS_INTERNAL && s != SELSCAN_STATUS_OUT_OF_MEMORY;
+}
+
+void check_failure(selscan_status_t s, const char* call) {
+  if (s < SELSCAN_STATUS_SUCCESS || s > SELSCAN_STATUS_INTERNAL) die(call, "returned a status outside the enum");
+  if (s == SELSCAN_STATUS_INTERNAL) die(call, selscan_last_error());
+  if (s != SELSCAN_STATUS_SUCCESS && selscan_last_error()[0] == '\0') die(call, "failed without a message");
+}
+
+void snapshot_inputs(std::vector<Slot*>& slots) {
+  for (Slot* s : slots)
+    if (!s->output && s->mem) s->snapshot.assign(s->mem, s->mem + s->bytes);
+}
+
+// After a call: inputs untouched; on failure outputs untouched; on success every byte between output elements
+// untouched and (with `check_written`) every element written.
+void check_memory(const std::vector<Slot*>& slots, bool success, bool check_written, const char* call) {
+  for (const Slot* s : slots) {
+    if (!s->mem) continue;
+    if (!s->output) {
+      if (std::memcmp(s->mem, s->snapshot.data(), s->bytes) != 0) die(call, s->name);  // input modified
+      continue;
+    }
+    if (!success) {
+      for (size_t i = 0; i < s->bytes; ++i)
+        if (s->mem[i] != kPoison) die("a failed call wrote an output:", s->name);
+      continue;
+    }
+    if (!s->backed) die("a call succeeded on an unbacked descriptor:", s->name);
+    const int64_t es = dtype_bytes(s->t->dtype);
+    const unsigned char* base = static_cast<const unsigned char*>(s->t->data);
+    std::vector<char> mask(s->bytes, 0);
+    const size_t lead = static_cast<size_t>(base - s->mem);
+    for (int64_t off : s->elems) {
+      bool all_poison = true;
+      for (int64_t b = 0; b < es; ++b) {
+        mask[lead + static_cast<size_t>(off + b)] = 1;
+        all_poison = all_poison && base[off + b] == kPoison;
+      }
+      if (check_written && !s->overlaps && all_poison) die("an output element was not written:", s->name);
+    }
+    for (size_t i = 0; i < s->bytes; ++i)
+      if (!mask[i] && s->mem[i] != kPoison) die("a byte between output elements was written:", s->name);
+  }
+}
+
+std::vector<std::vector<unsigned char>> output_elements(const std::vector<Slot*>& slots) {
+  std::vector<std::vector<unsigned char>> r;
+  for (const Slot* s : slots) {
+    if (!s->output || !s->mem) continue;
+    const int64_t es = dtype_bytes(s->t->dtype);
+    const unsigned char* base = static_cast<const unsigned char*>(s->t->data);
+    std::vector<unsigned char> v;
+    for (int64_t off : s->elems) v.insert(v.end(), base + off, base + off + es);
+    r.push_back(std::move(v));
+  }
+  return r;
+}
+
+void repoison(const std::vector<Slot*>& slots) {
+  for (const Slot* s : slots)
+    if (s->output && s->mem) std::memset(s->mem, kPoison, s->bytes);
+}
+
+// Results of two runs agree element by element (any NaN equals any NaN).
+void compare_runs(const std::vector<Slot*>& slots, const std::vector<std::vector<unsigned char>>& a,
+                  const std::vector<std::vector<unsigned char>>& b, const char* call) {
+  size_t k = 0;
+  for (const Slot* s : slots) {
+    if (!s->output || !s->mem) continue;
+    const int32_t dt = s->t->dtype;
+    const size_t es = static_cast<size_t>(dtype_bytes(dt));
+    for (size_t i = 0; i + es <= a[k].size(); i += es) {
+      const unsigned char *x = a[k].data() + i, *y = b[k].data() + i;
+      if (std::memcmp(x, y, es) != 0 && !(is_nan_bits(x, dt) && is_nan_bits(y, dt)))
+        die(call, s->name);  // differs with another thread count
+    }
+    ++k;
+  }
+}
+
+struct Problem {
+  Dims d{};
+  bool var_B = true, var_C = true, bc3d_B = false, bc3d_C = false;
+  bool has_D = true, has_z = false, has_bias = false, has_h0 = false, with_x = true, with_last = false;
+  bool want_dh0 = false, want_out_z = false;
+  int32_t softplus = 0, flags = 0, deterministic = 1;
+};
+
+Problem decode_problem(Decoder& dec) {
+  FuzzedDataProvider& f = dec.fdp();
+  Problem p;
+  Dims& d = p.d;
+  d.Bt = f.ConsumeIntegralInRange<int64_t>(1, 3);
+  d.D = dec.pick({1, 2, 4, 3, 5, 6, 8, 12, 16});
+  d.N = f.ConsumeBool() ? f.ConsumeIntegralInRange<int64_t>(1, 16) : dec.pick({1, 8, 16, 17, 31, 32, 33, 64, 256});
+  d.L = f.ConsumeBool() ? f.ConsumeIntegralInRange<int64_t>(1, 64)
+                        : dec.pick({1, 2, 3, 15, 16, 17, 100, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000, 1024,
+                                    1025, 2047, 2048, 2049, 4095, 4096, 4097, 6145});
+  d.cplx = f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  d.itype = static_cast<int32_t>(f.ConsumeIntegralInRange<int>(0, 2));
+  d.wtype = d.cplx ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
+  const int64_t per_l = d.Bt * d.D * d.N * (d.cplx ? 2 : 1);
+  if (per_l * d.L > kMaxWork) d.L = std::max<int64_t>(1, kMaxWork / per_l);
+  d.nc = (d.L + SELSCAN_CHUNK - 1) / SELSCAN_CHUNK;
+  // Groups: usually a divisor of D (tried largest first), sometimes anything.
+  const int64_t gpick = f.ConsumeIntegralInRange<int64_t>(1, 16);
+  d.G = 1;
+  for (int64_t g = gpick; g >= 1; --g)
+    if (d.D % g == 0) {
+      d.G = g;
+      break;
+    }
+  if (dec.mutate()) d.G = gpick;
+  p.var_B = f.ConsumeBool();
+  p.var_C = f.ConsumeBool();
+  p.bc3d_B = p.var_B && d.G == 1 && f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.bc3d_C = p.var_C && d.G == 1 && f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.has_D = f.ConsumeBool();
+  p.has_z = f.ConsumeBool();
+  p.has_bias = f.ConsumeBool();
+  p.has_h0 = f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.with_x = d.nc > 1 ? !dec.mutate() : f.ConsumeBool();
+  p.with_last = f.ConsumeBool();
+  p.want_dh0 = p.has_h0 && f.ConsumeBool();
+  p.want_out_z = p.has_z && f.ConsumeBool();
+  p.softplus = f.ConsumeBool() ? 1 : 0;
+  if (dec.mutate()) p.softplus = static_cast<int32_t>(dec.pick({2, -1, INT32_MAX}));
+  if (dec.mutate()) p.flags = static_cast<int32_t>(dec.pick({1, -1, 1 << 20}));
+  if (dec.mutate()) p.deterministic = static_cast<int32_t>(dec.pick({0, 2, -1}));
+  return p;
+}
+
+selscan_exec_t decode_exec(Decoder& dec) {
+  FuzzedDataProvider& f = dec.fdp();
+  selscan_exec_t e = SELSCAN_EXEC_INIT;
+  e.num_threads = static_cast<int32_t>(dec.pick({1, 2, 1, 2, 0, 3}));
+  if (dec.mutate()) e.num_threads = static_cast<int32_t>(dec.pick({-1, INT32_MIN, 64, INT32_MAX}));
+  if (dec.mutate()) e.device_kind = static_cast<int32_t>(dec.pick({1, 2, -1}));
+  if (dec.mutate()) e.device_index = static_cast<int32_t>(dec.pick({1, -1, INT32_MAX}));
+  if (f.ConsumeIntegralInRange<int>(0, 15) == 0) {
+    // Ignored on the CPU: must not be dereferenced.
+    e.stream = reinterpret_cast<void*>(uintptr_t{0xdead0000});
+    e.workspace = reinterpret_cast<void*>(uintptr_t{0xbeef0000});
+    e.workspace_bytes = f.ConsumeIntegral<size_t>();
+  }
+  e.reserved = dec.mutate() ? f.ConsumeIntegral<int32_t>() : 0;
+  e.struct_size = fuzz_struct_size(dec, sizeof(selscan_exec_t));
+  return e;
+}
+
+// Another thread count for the determinism re-run of a valid CPU call.
+bool rerun_exec(const selscan_exec_t* e, size_t ss, selscan_exec_t* out) {
+  if (e == nullptr || ss < sizeof(selscan_exec_t) || e->device_kind != SELSCAN_DEVICE_CPU || e->num_threads < 0)
+    return false;
+  *out = *e;
+  out->struct_size = sizeof(selscan_exec_t);
+  out->num_threads = e->num_threads == 1 ? 3 : 1;
+  return true;
+}
+
+// With SELSCAN_FUZZ_STATS set: how the calls ended, printed at every power-of-two input count (so a run shows
+// how much of the fuzzing reached the CPU kernels rather than stopping in validation).
+struct Stats {
+  bool on = std::getenv("SELSCAN_FUZZ_STATS") != nullptr;
+  uint64_t inputs = 0, status[2][16] = {}, rerun[2] = {};
+  void report() {
+    if (!on || inputs < 1024 || (inputs & (inputs - 1)) != 0) return;
+    for (int k = 0; k < 2; ++k) {
+      std::fprintf(stderr, "fuzz_abi stats: %" PRIu64 " inputs, %s:", inputs, k ? "bwd" : "fwd");
+      for (int i = 0; i < 16; ++i)
+        if (status[k][i]) std::fprintf(stderr, " %s=%" PRIu64, selscan_status_string(static_cast<selscan_status_t>(i)), status[k][i]);
+      std::fprintf(stderr, " (re-run with another thread count: %" PRIu64 ")\n", rerun[k]);
+    }
+  }
+};
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
+template <class Args, class Query, class Call>
+void exercise(const char* name, Decoder& dec, Args& args, const selscan_exec_t& exec, std::vector<Slot*>& slots,
+              bool tame, uint64_t& rng, Query query, Call call, bool compare_threads) {
+  FuzzedDataProvider& f = dec.fdp();
+  snapshot_inputs(slots);
+  bool all_backed = true;
+  for (const Slot* s : slots) all_backed = all_backed && (s->t->data == nullptr || s->backed);
+  const bool null_args = f.ConsumeIntegralInRange<int>(0, 63) == 0, null_exec = f.ConsumeIntegralInRange<int>(0, 63) == 0;
+  const bool null_bytes = f.ConsumeIntegralInRange<int>(0, 63) == 0;
+  Boxed<Args> a(args, rng);
+  Boxed<selscan_exec_t> e(exec, rng);
+  const Args* ap = null_args ? nullptr : a.get();
+  const selscan_exec_t* ep = null_exec ? nullptr : e.get();
+
+  size_t bytes = 12345;
+  const selscan_status_t sq = query(ap, ep, null_bytes ? nullptr : &bytes);
+  check_failure(sq, name);
+  if (sq == SELSCAN_STATUS_SUCCESS && bytes != 0) die(name, "CPU workspace is not 0");
+  check_memory(slots, false, false, name);  // a query writes no tensor
+  if (!all_backed && (sq == SELSCAN_STATUS_SUCCESS || null_bytes)) return;  // would run over unbacked memory
+
+  const selscan_status_t s = call(ap, ep);
+  check_failure(s, name);
+  const int k = std::strcmp(name, "selscan_bwd") == 0;
+  stats().status[k][static_cast<int>(s) & 15]++;
+  if (sq != SELSCAN_STATUS_SUCCESS && !null_bytes && s != sq) die(name, "query and call disagree");
+  if (s != SELSCAN_STATUS_SUCCESS) {
+    if (is_validation_status(s)) check_memory(slots, false, false, name);
+    return;
+  }
+  check_memory(slots, true, tame, name);
+  selscan_exec_t other;
+  if (!compare_threads || !rerun_exec(ep, exec.struct_size, &other)) return;
+  for (const Slot* sl : slots)
+    if (sl->output && sl->overlaps) return;
+  const auto first = output_elements(slots);
+  repoison(slots);
+  stats().rerun[k]++;
+  const selscan_status_t s2 = call(ap, &other);
+  if (s2 != SELSCAN_STATUS_SUCCESS) die(name, "failed with another thread count");
+  compare_runs(slots, first, output_elements(slots), name);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Decoder dec(data, size);
+  FuzzedDataProvider& f = dec.fdp();
+  const int chaos = f.ConsumeIntegralInRange<int>(0, 2);
+  const bool tame = f.ConsumeIntegralInRange<int>(0, 7) != 0;
+  uint64_t rng = f.ConsumeIntegral<uint64_t>();
+  dec.set_chaos(chaos);
+  const Problem p = decode_problem(dec);
+  const Dims& d = p.d;
+
+  // Cheap entry points with fuzzed arguments.
+  // (0..15: the values a C++ caller can hold in the enum; 14 and 15 are not statuses.)
+  if (selscan_status_string(static_cast<selscan_status_t>(f.ConsumeIntegralInRange<int>(0, 15))) == nullptr)
+    die("selscan_status_string", "returned NULL");
+  (void)selscan_version();
+  (void)selscan_version_string();
+  (void)selscan_build_info();
+  int32_t count = -1;
+  if (selscan_cuda_device_count(f.ConsumeBool() ? &count : nullptr) == SELSCAN_STATUS_SUCCESS && count != 0)
+    die("selscan_cuda_device_count", "a CPU-only build reports devices");
+  check_failure(selscan_check_device(f.ConsumeIntegral<int32_t>()), "selscan_check_device");
+
+  // ------------------------------------------------------------------------------------------ forward
+  selscan_fwd_args_t fa{};
+  fa.struct_size = fuzz_struct_size(dec, sizeof(fa));
+  Slot u, delta, A, B, C, Dv, z, bias, h0, out, out_z, x, last;
+  struct Spec {
+    Slot* s;
+    const char* name;
+    selscan_tensor_t* t;
+    Kind kind;
+    bool var, bc3d, output, present;
+  };
+  const std::vector<Spec> fwd_specs = {
+      {&u, "u", &fa.u, Kind::bdl, false, false, false, true},
+      {&delta, "delta", &fa.delta, Kind::bdl, false, false, false, true},
+      {&A, "A", &fa.A, Kind::dn, false, false, false, true},
+      {&B, "B", &fa.B, Kind::bc, p.var_B, p.bc3d_B, false, true},
+      {&C, "C", &fa.C, Kind::bc, p.var_C, p.bc3d_C, false, true},
+      {&Dv, "D", &fa.D, Kind::vec, false, false, false, p.has_D},
+      {&z, "z", &fa.z, Kind::bdl, false, false, false, p.has_z},
+      {&bias, "delta_bias", &fa.delta_bias, Kind::vec, false, false, false, p.has_bias},
+      {&h0, "h0", &fa.h0, Kind::bdn, false, false, false, p.has_h0},
+      {&out, "out", &fa.out, Kind::bdl, false, false, true, true},
+      {&out_z, "out_z", &fa.out_z, Kind::bdl, false, false, true, p.has_z},
+      {&x, "x", &fa.x, Kind::x, false, false, true, p.with_x},
+      {&last, "last_state", &fa.last_state, Kind::bdn, false, false, true, p.with_last},
+  };
+  std::vector<Slot*> fwd_slots;
+  for (const Spec& sp : fwd_specs) {
+    sp.s->name = sp.name;
+    sp.s->t = sp.t;
+    sp.s->output = sp.output;
+    dec.describe(*sp.t, sp.kind, d, sp.var, sp.bc3d, sp.output, sp.present);
+    back(*sp.s, dec.misalign(), rng, tame);
+    fwd_slots.push_back(sp.s);
+  }
+  fa.delta_softplus = p.softplus;
+  fa.flags = p.flags;
+  const selscan_exec_t exec = decode_exec(dec);
+
+  exercise("selscan_fwd", dec, fa, exec, fwd_slots, tame, rng, selscan_fwd_workspace_size, selscan_fwd, true);
+  // Whether the forward's outputs now hold computed values (the backward reads out and x).
+  bool fwd_ok = true;
+  for (const Slot* s : {&out, &x})
+    if (s->mem && s->backed) {
+      const unsigned char* b = static_cast<const unsigned char*>(s->t->data);
+      for (int64_t off : s->elems) fwd_ok = fwd_ok && !(b[off] == kPoison && b[off + 1] == kPoison);
+    }
+
+  // ------------------------------------------------------------------------------------------ backward
+  // The forward's tensors are its inputs again (same descriptors and memory), out and x now as inputs.
+  selscan_bwd_args_t ba{};
+  ba.struct_size = fuzz_struct_size(dec, sizeof(ba));
+  ba.u = fa.u, ba.delta = fa.delta, ba.A = fa.A, ba.B = fa.B, ba.C = fa.C, ba.D = fa.D, ba.z = fa.z;
+  ba.delta_bias = fa.delta_bias, ba.h0 = fa.h0, ba.x = fa.x;
+  ba.out = p.has_z || f.ConsumeIntegralInRange<int>(0, 7) == 0 ? fa.out : selscan_tensor_t{};
+  ba.delta_softplus = p.softplus;
+  ba.deterministic = p.deterministic;
+  Slot dout, du, ddelta, dA, dB, dC, dD, dz, dbias, dh0, out_z2;
+  const std::vector<Spec> bwd_specs = {
+      {&dout, "dout", &ba.dout, Kind::bdl, false, false, false, true},
+      {&du, "du", &ba.du, Kind::bdl, false, false, true, true},
+      {&ddelta, "ddelta", &ba.ddelta, Kind::bdl, false, false, true, true},
+      {&dA, "dA", &ba.dA, Kind::dn, false, false, true, true},
+      {&dB, "dB", &ba.dB, Kind::bc, p.var_B, p.bc3d_B, true, true},
+      {&dC, "dC", &ba.dC, Kind::bc, p.var_C, p.bc3d_C, true, true},
+      {&dD, "dD", &ba.dD, Kind::vec, false, false, true, p.has_D},
+      {&dz, "dz", &ba.dz, Kind::bdl, false, false, true, p.has_z},
+      {&dbias, "ddelta_bias", &ba.ddelta_bias, Kind::vec, false, false, true, p.has_bias},
+      {&dh0, "dh0", &ba.dh0, Kind::bdn, false, false, true, p.want_dh0},
+      {&out_z2, "out_z(bwd)", &ba.out_z, Kind::bdl, false, false, true, p.want_out_z},
+  };
+  // The shared input slots, re-pointed at the backward's copies of their descriptors.
+  Slot* shared[] = {&u, &delta, &A, &B, &C, &Dv, &z, &bias, &h0, &x, &out};
+  selscan_tensor_t* shared_t[] = {&ba.u, &ba.delta, &ba.A, &ba.B, &ba.C, &ba.D, &ba.z, &ba.delta_bias, &ba.h0, &ba.x, &ba.out};
+  std::vector<Slot*> bwd_slots;
+  for (size_t i = 0; i < sizeof(shared) / sizeof(shared[0]); ++i) {
+    shared[i]->t = shared_t[i];
+    shared[i]->output = false;
+    if (shared_t[i]->data == nullptr) continue;
+    bwd_slots.push_back(shared[i]);
+  }
+  for (const Spec& sp : bwd_specs) {
+    sp.s->name = sp.name;
+    sp.s->t = sp.t;
+    sp.s->output = sp.output;
+    dec.describe(*sp.t, sp.kind, d, sp.var, sp.bc3d, sp.output, sp.present);
+    back(*sp.s, dec.misalign(), rng, tame);
+    bwd_slots.push_back(sp.s);
+  }
+  const selscan_exec_t exec2 = decode_exec(dec);
+  exercise("selscan_bwd", dec, ba, exec2, bwd_slots, tame && fwd_ok, rng, selscan_bwd_workspace_size, selscan_bwd,
+           ba.deterministic == 1);
+  stats().inputs++;
+  stats().report();
+  return 0;
+}
