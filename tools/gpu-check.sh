@@ -48,7 +48,7 @@ if want sanitize; then
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ]; then
     filter=${SANITIZE_FILTER:-'*Golden*:*Small*'}
-    for tool in memcheck racecheck synccheck initcheck; do
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck initcheck}; do
       compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" --gtest_filter="$filter" \
         >"$OUT/sanitizer-$tool.log" 2>&1
       rc=$?
