@@ -132,9 +132,13 @@ __device__ __forceinline__ float2 cadd(float2 a, float2 b) { return make_float2(
 __device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
 __device__ __forceinline__ float2 cconj(float2 a) { return make_float2(a.x, -a.y); }
 // exp(x) for x = re*ln2-scaled real part and a plain imaginary part: 2^re * (cos im + i sin im).
+// The phase is reduced to [-pi, pi] first (two-constant Cody-Waite): __sincosf is accurate only there, and
+// slowly decaying complex states accumulate phases far outside it.
 __device__ __forceinline__ float2 cexp2_fast(float re_log2, float im) {
+  const float k = rintf(im * 0.159154943f);
+  const float r = fmaf(-k, -1.74845553e-07f, fmaf(-k, 6.28318548f, im));
   float s, c;
-  __sincosf(im, &s, &c);
+  __sincosf(r, &s, &c);
   const float m = exp2_fast(re_log2);
   return make_float2(m * c, m * s);
 }
