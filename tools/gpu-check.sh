@@ -52,7 +52,7 @@ if want sanitize; then
       compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" --gtest_filter="$filter" \
         >"$OUT/sanitizer-$tool.log" 2>&1
       rc=$?
-      note "compute-sanitizer $tool ($filter): rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+      note "compute-sanitizer $tool ($filter): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
     done
   else
     note "sanitize: no selscan_tests_gpu binary"
