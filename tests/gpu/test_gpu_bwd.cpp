@@ -18,30 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu_gate.h"
 #include "selscan/selscan.h"
 
 namespace {
 
 using cd = std::complex<double>;
 
-// ---------------------------------------------------------------------------------------------- device gate
-bool gpu_usable(std::string* why) {
-  int32_t n = 0;
-  if (selscan_cuda_device_count(&n) != SELSCAN_STATUS_SUCCESS || n == 0) {
-    *why = "no usable CUDA device (or libselscan was built without CUDA)";
-    return false;
-  }
-  if (selscan_check_device(0) != SELSCAN_STATUS_SUCCESS) {
-    *why = std::string("device 0 is not served by this build: ") + selscan_last_error();
-    return false;
-  }
-  return true;
-}
-#define REQUIRE_GPU()                          \
-  do {                                         \
-    std::string why_;                          \
-    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 

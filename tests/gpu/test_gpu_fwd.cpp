@@ -13,29 +13,13 @@
 #include <vector>
 
 #include "case.h"
+#include "gpu_gate.h"
 #include "compare.h"
 #include "npy.h"
 
 namespace selscan_test {
 namespace {
 
-bool gpu_usable(std::string* why) {
-  int32_t n = 0;
-  if (selscan_cuda_device_count(&n) != SELSCAN_STATUS_SUCCESS || n == 0) {
-    *why = "no usable CUDA device (or libselscan was built without CUDA)";
-    return false;
-  }
-  if (selscan_check_device(0) != SELSCAN_STATUS_SUCCESS) {
-    *why = std::string("device 0 is not served by this build: ") + selscan_last_error();
-    return false;
-  }
-  return true;
-}
-#define REQUIRE_GPU()                             \
-  do {                                            \
-    std::string why_;                             \
-    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 // Device copies of a Case's tensors. Each tensor's whole host storage (guards included) is copied to a fresh
 // cudaMalloc base, or with `misalign` one element past it: element-aligned (as the ABI requires) but with

@@ -11,24 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_gate.h"
 #include "selscan/selscan.h"
 
 namespace {
 
 constexpr int64_t Bt = 2, D = 64, L = 2500, N = 16;  // two chunks, so x is consumed by the backward
 
-bool gpu_usable(std::string* why) {
-  int32_t n = 0;
-  if (selscan_cuda_device_count(&n) != SELSCAN_STATUS_SUCCESS || n == 0) {
-    *why = "no usable CUDA device (or libselscan was built without CUDA)";
-    return false;
-  }
-  if (selscan_check_device(0) != SELSCAN_STATUS_SUCCESS) {
-    *why = std::string("device 0 is not served by this build: ") + selscan_last_error();
-    return false;
-  }
-  return true;
-}
 
 selscan_tensor_t desc(void* p, std::vector<int64_t> sizes) {
   selscan_tensor_t t{};
@@ -175,8 +164,7 @@ void expect_same(const std::vector<std::vector<unsigned char>>& a, const std::ve
 }
 
 TEST(GpuStreams, ConcurrentThreadsAndStreamsMatchSerial) {
-  std::string why;
-  if (!gpu_usable(&why)) GTEST_SKIP() << why;
+  REQUIRE_GPU();
   Inputs in(42);
   Outputs serial(in);
   ASSERT_EQ(serial.run(nullptr), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
@@ -206,8 +194,7 @@ TEST(GpuStreams, ConcurrentThreadsAndStreamsMatchSerial) {
 }
 
 TEST(GpuStreams, ForwardAndBackwardCapturedInOneGraph) {
-  std::string why;
-  if (!gpu_usable(&why)) GTEST_SKIP() << why;
+  REQUIRE_GPU();
   Inputs in(7);
   Outputs serial(in);
   ASSERT_EQ(serial.run(nullptr), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
