@@ -40,6 +40,10 @@ int64_t dtype_bytes(int32_t dt) {  // as the library sizes an element (unknown d
   return dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16 ? 2 : dt == SELSCAN_DTYPE_COMPLEX64 ? 8 : 4;
 }
 
+// True one time in `n` (never once the input is used up: FuzzedDataProvider then returns the range's minimum,
+// so a short input decodes to a plain valid call).
+bool one_in(FuzzedDataProvider& f, int n) { return f.ConsumeIntegralInRange<int>(1, n) == n; }
+
 uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -64,6 +68,11 @@ void tame_element(unsigned char* p, int32_t dt, uint64_t& rng) {
       std::memcpy(p + 4 * i, &f, 4);
     }
   }
+}
+
+// m * v + a in two's complement (the junk past ndim can be anything).
+int64_t wrap(int64_t v, int64_t m, int64_t a) {
+  return static_cast<int64_t>(static_cast<uint64_t>(v) * static_cast<uint64_t>(m) + static_cast<uint64_t>(a));
 }
 
 bool is_nan_bits(const unsigned char* p, int32_t dt) {
@@ -115,7 +124,7 @@ class Decoder {
   void set_chaos(int c) { chaos_ = c; }
   bool mutate() {
     if (chaos_ == 0) return false;
-    return f_.ConsumeIntegralInRange<int>(0, chaos_ == 1 ? 63 : 7) == 0;
+    return one_in(f_, chaos_ == 1 ? 64 : 8);
   }
 
   int64_t pick(std::initializer_list<int64_t> v) {
@@ -152,8 +161,8 @@ class Decoder {
     layout(t, unit_last, !output && kind != Kind::x);
     // Sizes and strides past ndim are ignored by the library: fill them with junk.
     for (int i = t.ndim; i < SELSCAN_MAX_NDIM; ++i) {
-      t.sizes[i] = f_.ConsumeIntegral<int64_t>();
-      t.strides[i] = f_.ConsumeIntegral<int64_t>();
+      t.sizes[i] = static_cast<int64_t>(splitmix(junk_));
+      t.strides[i] = static_cast<int64_t>(splitmix(junk_));
     }
     t.data = present ? reinterpret_cast<void*>(uintptr_t{1}) : nullptr;  // real memory comes in back()
     if (mutate()) t.data = t.data ? nullptr : reinterpret_cast<void*>(uintptr_t{1});
@@ -161,12 +170,12 @@ class Decoder {
     if (mutate()) t.ndim = static_cast<int32_t>(pick({0, 1, 2, 3, 4, 5, -1, 64, INT32_MAX, INT32_MIN}));
     if (mutate()) {
       const int i = f_.ConsumeIntegralInRange<int>(0, SELSCAN_MAX_NDIM - 1);
-      t.sizes[i] = pick({0, -1, t.sizes[i] + 1, t.sizes[i] - 1, 2 * t.sizes[i], INT64_MAX, INT64_MIN,
+      t.sizes[i] = pick({0, -1, wrap(t.sizes[i], 1, 1), wrap(t.sizes[i], 1, -1), wrap(t.sizes[i], 2, 0), INT64_MAX, INT64_MIN,
                          int64_t{1} << 31, (int64_t{1} << 32) + 1, int64_t{1} << 62});
     }
     if (mutate()) {
       const int i = f_.ConsumeIntegralInRange<int>(0, SELSCAN_MAX_NDIM - 1);
-      t.strides[i] = pick({0, 1, -1, -t.strides[i], t.strides[i] + 1, INT64_MAX, INT64_MIN, int64_t{1} << 62,
+      t.strides[i] = pick({0, 1, -1, wrap(t.strides[i], -1, 0), wrap(t.strides[i], 1, 1), INT64_MAX, INT64_MIN, int64_t{1} << 62,
                            (int64_t{1} << 61) + 3, int64_t{1} << 31});
     }
     misalign_ = mutate() ? static_cast<int>(f_.ConsumeIntegralInRange<int>(1, 7)) : 0;
@@ -208,6 +217,7 @@ class Decoder {
   }
 
   FuzzedDataProvider f_;
+  uint64_t junk_ = 0x5e15ca9;  // values the library must ignore (not worth input bytes)
   int chaos_ = 0;
   int misalign_ = 0;
 };
@@ -385,7 +395,7 @@ Problem decode_problem(Decoder& dec) {
   d.L = f.ConsumeBool() ? f.ConsumeIntegralInRange<int64_t>(1, 64)
                         : dec.pick({1, 2, 3, 15, 16, 17, 100, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000, 1024,
                                     1025, 2047, 2048, 2049, 4095, 4096, 4097, 6145});
-  d.cplx = f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  d.cplx = one_in(f, 4);
   d.itype = static_cast<int32_t>(f.ConsumeIntegralInRange<int>(0, 2));
   d.wtype = d.cplx ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
   const int64_t per_l = d.Bt * d.D * d.N * (d.cplx ? 2 : 1);
@@ -402,12 +412,12 @@ Problem decode_problem(Decoder& dec) {
   if (dec.mutate()) d.G = gpick;
   p.var_B = f.ConsumeBool();
   p.var_C = f.ConsumeBool();
-  p.bc3d_B = p.var_B && d.G == 1 && f.ConsumeIntegralInRange<int>(0, 3) == 0;
-  p.bc3d_C = p.var_C && d.G == 1 && f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.bc3d_B = p.var_B && d.G == 1 && one_in(f, 4);
+  p.bc3d_C = p.var_C && d.G == 1 && one_in(f, 4);
   p.has_D = f.ConsumeBool();
   p.has_z = f.ConsumeBool();
   p.has_bias = f.ConsumeBool();
-  p.has_h0 = f.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.has_h0 = one_in(f, 4);
   p.with_x = d.nc > 1 ? !dec.mutate() : f.ConsumeBool();
   p.with_last = f.ConsumeBool();
   p.want_dh0 = p.has_h0 && f.ConsumeBool();
@@ -426,7 +436,7 @@ selscan_exec_t decode_exec(Decoder& dec) {
   if (dec.mutate()) e.num_threads = static_cast<int32_t>(dec.pick({-1, INT32_MIN, 64, INT32_MAX}));
   if (dec.mutate()) e.device_kind = static_cast<int32_t>(dec.pick({1, 2, -1}));
   if (dec.mutate()) e.device_index = static_cast<int32_t>(dec.pick({1, -1, INT32_MAX}));
-  if (f.ConsumeIntegralInRange<int>(0, 15) == 0) {
+  if (one_in(f, 16)) {
     // Ignored on the CPU: must not be dereferenced.
     e.stream = reinterpret_cast<void*>(uintptr_t{0xdead0000});
     e.workspace = reinterpret_cast<void*>(uintptr_t{0xbeef0000});
@@ -452,8 +462,8 @@ bool rerun_exec(const selscan_exec_t* e, size_t ss, selscan_exec_t* out) {
 struct Stats {
   bool on = std::getenv("SELSCAN_FUZZ_STATS") != nullptr;
   uint64_t inputs = 0, status[2][16] = {}, rerun[2] = {};
-  void report() {
-    if (!on || inputs < 1024 || (inputs & (inputs - 1)) != 0) return;
+  void report(bool force = false) {
+    if (!on || (!force && (inputs < 1024 || (inputs & (inputs - 1)) != 0))) return;
     for (int k = 0; k < 2; ++k) {
       std::fprintf(stderr, "fuzz_abi stats: %" PRIu64 " inputs, %s:", inputs, k ? "bwd" : "fwd");
       for (int i = 0; i < 16; ++i)
@@ -464,6 +474,8 @@ struct Stats {
 };
 Stats& stats() {
   static Stats s;
+  static const bool at_exit = std::atexit([] { stats().report(true); }) == 0;
+  (void)at_exit;
   return s;
 }
 
@@ -474,8 +486,8 @@ void exercise(const char* name, Decoder& dec, Args& args, const selscan_exec_t& 
   snapshot_inputs(slots);
   bool all_backed = true;
   for (const Slot* s : slots) all_backed = all_backed && (s->t->data == nullptr || s->backed);
-  const bool null_args = f.ConsumeIntegralInRange<int>(0, 63) == 0, null_exec = f.ConsumeIntegralInRange<int>(0, 63) == 0;
-  const bool null_bytes = f.ConsumeIntegralInRange<int>(0, 63) == 0;
+  const bool null_args = one_in(f, 64), null_exec = one_in(f, 64);
+  const bool null_bytes = one_in(f, 64);
   Boxed<Args> a(args, rng);
   Boxed<selscan_exec_t> e(exec, rng);
   const Args* ap = null_args ? nullptr : a.get();
@@ -492,6 +504,8 @@ void exercise(const char* name, Decoder& dec, Args& args, const selscan_exec_t& 
   check_failure(s, name);
   const int k = std::strcmp(name, "selscan_bwd") == 0;
   stats().status[k][static_cast<int>(s) & 15]++;
+  if (stats().on && s != SELSCAN_STATUS_SUCCESS && std::getenv("SELSCAN_FUZZ_ERRORS"))
+    std::fprintf(stderr, "fuzz_abi: %s: %s\n", name, selscan_last_error());
   if (sq != SELSCAN_STATUS_SUCCESS && !null_bytes && s != sq) die(name, "query and call disagree");
   if (s != SELSCAN_STATUS_SUCCESS) {
     if (is_validation_status(s)) check_memory(slots, false, false, name);
@@ -516,7 +530,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Decoder dec(data, size);
   FuzzedDataProvider& f = dec.fdp();
   const int chaos = f.ConsumeIntegralInRange<int>(0, 2);
-  const bool tame = f.ConsumeIntegralInRange<int>(0, 7) != 0;
+  const bool tame = !one_in(f, 8);
   uint64_t rng = f.ConsumeIntegral<uint64_t>();
   dec.set_chaos(chaos);
   const Problem p = decode_problem(dec);
@@ -588,7 +602,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ba.struct_size = fuzz_struct_size(dec, sizeof(ba));
   ba.u = fa.u, ba.delta = fa.delta, ba.A = fa.A, ba.B = fa.B, ba.C = fa.C, ba.D = fa.D, ba.z = fa.z;
   ba.delta_bias = fa.delta_bias, ba.h0 = fa.h0, ba.x = fa.x;
-  ba.out = p.has_z || f.ConsumeIntegralInRange<int>(0, 7) == 0 ? fa.out : selscan_tensor_t{};
+  ba.out = p.has_z || one_in(f, 8) ? fa.out : selscan_tensor_t{};
   ba.delta_softplus = p.softplus;
   ba.deterministic = p.deterministic;
   Slot dout, du, ddelta, dA, dB, dC, dD, dz, dbias, dh0, out_z2;
