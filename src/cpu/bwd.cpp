@@ -131,6 +131,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
           FwdBlockT<W> k{kChunk,       Np,          s.delta.data(), s.du.data(), cc.A2.data(), cc.Bc.data(),
                          s.Bt.data(), cc.Cc.data(), s.Ct.data(),    cc.Cs.data(), h,            nullptr,
                          s.gsum.data()};
+          k.N = N;
           run_fwd_kernel(k, vb, vc, false);
           std::copy(h, h + Np, s.seeds.data() + (r * nc + c + 1) * Np);
         }
@@ -169,6 +170,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
         BwdChunkT<W> k{};
         k.T = T;
         k.Np = Np;
+        k.N = N;
         k.delta = s.delta.data();
         k.du = s.du.data();
         k.dy = s.dy.data();

@@ -28,7 +28,7 @@ void cfwd_block(const CFwdBlock& k, bool var_B, bool var_C, bool with_P) {
       k.h[n] = s;
       if (with_P) k.P[n] = k.P[n] * a;
       const cfloat c = var_C ? ct[n] * k.Cs[n] : ct[n];
-      acc += 2.f * (s.re * c.re - s.im * c.im);
+      if (n < k.N) acc += 2.f * (s.re * c.re - s.im * c.im);  // padded states never reach y
     }
     k.y[t] += acc;
   }
@@ -57,8 +57,10 @@ void cbwd_chunk(const CBwdChunk& k, bool var_B, bool var_C, bool fold_B) {
       const cfloat a = k.as[t * Np + n];
       const cfloat s = k.hs[(t + 1) * Np + n];
       const cfloat ah = a * k.hs[t * Np + n];
-      g += (dh * conj(bt[n])).re;
-      dd += (dh * conj(k.A[n] * ah)).re;
+      if (n < k.N) {  // padded states never reach du/ddelta
+        g += (dh * conj(bt[n])).re;
+        dd += (dh * conj(k.A[n] * ah)).re;
+      }
       k.dA[n] += dt * (dh * conj(ah));
       if (var_B) k.dBt[t * Np + n] = dh * dut;
       if (var_C) k.dCt[t * Np + n] = (2.f * dyt) * conj(s * k.Cs[n]);

@@ -95,6 +95,7 @@ Status fwd_impl(const Problem& p, int num_threads) {
         FwdBlockT<W> k{T,         Np,        s.delta.data(), s.du.data(), cc.A2.data(), cc.Bc.data(),
                        s.Bt.data(), cc.Cc.data(), s.Ct.data(),    cc.Cs.data(), h,            P,
                        s.y.data()};
+        k.N = N;
         run_fwd_kernel(k, vb, vc, with_P);
 
         store_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, s.y.data());

@@ -1,7 +1,8 @@
 // The inner loops of the CPU path for real weights, on plain float arrays (no Problem, no strides, no dtypes).
 // They exist twice: a portable build (kernels_generic.cpp) and an AVX2+FMA build (kernels_avx2.cpp) picked at
 // run time. States are padded to Np (a multiple of 8) so the loops over states run on whole vectors; padded
-// states must have A2 = 0 and zero B and coefficient, so they stay 0 and add nothing.
+// states have A2 = 0 and zero B and coefficient, and are masked out of the sums over states (so a non-finite
+// input cannot reach the outputs through them).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,8 @@ struct FwdBlockT {
   W* h;                // [Np] scanned state, in/out
   W* P;                // [Np] running product of ā, in/out (only when `with_P`)
   float* y;            // [T] in: D*u, out: + Σ_n s_t*coef_t (complex: 2 Re)
+  int64_t N = 0;       // valid states (<= Np): padded lanes are masked out of every sum over states, since
+                       // an infinite δ or u turns even their zero factors into NaN (0 * inf)
 };
 using FwdBlock = FwdBlockT<float>;
 
@@ -50,6 +53,7 @@ struct BwdChunkT {
   W* S1;                            // [Np] += dy * s                    (C constant)
   W* S2;                            // [Np] += dy * s * C_t              (B folded, C variable)
   W* S3;                            // [Np] += dh * du                   (B constant, not folded)
+  int64_t N = 0;                    // valid states (<= Np), as in FwdBlockT
 };
 using BwdChunk = BwdChunkT<float>;
 

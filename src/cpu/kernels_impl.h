@@ -98,6 +98,12 @@ inline V ldexp_int(V p, V k) {
 
 inline V vfma(V a, V b, V c) { return SELSCAN_VFMA(a, b, c); }
 
+// Lanes i < count (all lanes when count >= 8): the valid states of a block's last vector.
+inline M lanes_below(int64_t count) {
+  const float c = count < 8 ? static_cast<float>(count) : 8.f;
+  return vset(c) > V{{0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f}};
+}
+
 // 2^x to ~1.2 ulp, branch-free. Results below 2^-126 flush to 0 (like ex2.approx.ftz), x > 128 gives inf,
 // NaN propagates. 2^x = 2^k p(f) with k = round(x), f in [-0.5, 0.5] and p a degree-6 fit with p(0) = 1.
 inline V vexp2(V x) {
@@ -204,6 +210,7 @@ void fwd_block_regs(const FwdBlock& k) {
     Cc[v] = VC ? vset(0.f) : vload(k.Cc + 8 * v);
   }
   const int64_t T = k.T;
+  const M last = lanes_below(k.N - 8 * (NV - 1));
   for (int64_t t = 0; t < T; ++t) {
     const V dt = vset(k.delta[t]), dut = vset(k.du[t]);
     V acc = vset(0.f);
@@ -213,7 +220,7 @@ void fwd_block_regs(const FwdBlock& k) {
       h[v] = vfma(a, h[v], b * dut);
       if (WP) P[v] = P[v] * a;
       const V c = VC ? vload(k.Ct + t * 8 * NV + 8 * v) * Cs[v] : Cc[v];
-      acc = vfma(h[v], c, acc);
+      acc = vfma(v == NV - 1 ? select(last, h[v], vset(0.f)) : h[v], c, acc);
     }
     k.y[t] += hsum(acc);
   }
@@ -232,6 +239,7 @@ void fwd_block(const FwdBlock& k) {
     default: break;
   }
   const int64_t T = k.T, Np = k.Np;
+  const M last = lanes_below(k.N - (Np - 8));
   for (int64_t t = 0; t < T; ++t) {
     const V dt = vset(k.delta[t]), dut = vset(k.du[t]);
     const float* bt = VB ? k.Bt + t * Np : k.Bc;
@@ -243,7 +251,7 @@ void fwd_block(const FwdBlock& k) {
       vstore(k.h + n, s);
       if (WP) vstore(k.P + n, vload(k.P + n) * a);
       const V c = VC ? vload(ct + n) * vload(k.Cs + n) : vload(ct + n);
-      acc = vfma(s, c, acc);
+      acc = vfma(n == Np - 8 ? select(last, s, vset(0.f)) : s, c, acc);
     }
     k.y[t] += hsum(acc);
   }
@@ -254,6 +262,7 @@ void bwd_chunk(const BwdChunk& k) {
   const int64_t T = k.T, Np = k.Np;
   float* hs = k.hs;
   float* as = k.as;
+  const M last = lanes_below(k.N - (Np - 8));
   // Recompute the chunk's forward states (row 0 of hs is the seed).
   for (int64_t n = 0; n < Np; n += 8) vstore(hs + n, vload(k.seed + n));
   for (int64_t t = 0; t < T; ++t) {
@@ -277,8 +286,9 @@ void bwd_chunk(const BwdChunk& k) {
       const V dh = vfma(dyt, c, vload(k.carry + n));
       const V a = vload(as + t * Np + n);
       const V dha = dh * (a * vload(hs + t * Np + n));  // dh ā_t s_{t-1}
-      gacc = vfma(dh, vload(bt + n), gacc);
-      dacc = vfma(dha, vload(k.A + n), dacc);
+      const bool tail = n == Np - 8;
+      gacc = vfma(tail ? select(last, dh, vset(0.f)) : dh, vload(bt + n), gacc);
+      dacc = vfma(tail ? select(last, dha, vset(0.f)) : dha, vload(k.A + n), dacc);
       vstore(k.dA + n, vfma(dt, dha, vload(k.dA + n)));
       const V s = vload(hs + (t + 1) * Np + n);
       if (VB) vstore(k.dBt + t * Np + n, dh * dut);

@@ -317,10 +317,7 @@ TEST(NonFinite, ComplexInfiniteDelta) {
 // dstate not a multiple of 8: the CPU kernels pad the states to 8-lane vectors. Those padding lanes must stay
 // inert: an infinite delta*u (B = 0 there: 0 * inf = NaN) or an infinite delta (A = 0 there: inf * 0 = NaN)
 // must not turn the real lanes' +-inf into NaN or, worse, reach finite positions through the backward's sums.
-// KNOWN BUG (docs/reliability.md): today the NaN of the padding lanes reaches y (where the oracle is +-inf, which
-// this test's rules tolerate) and du/ddelta before an infinite delta (where the oracle is finite). Disabled
-// until src/cpu masks the padding lanes; run it with --gtest_also_run_disabled_tests.
-TEST(NonFinite, DISABLED_PaddedStatesStayInert) {
+TEST(NonFinite, PaddedStatesStayInert) {
   uint64_t seed = 9600;
   for (int64_t N : {5, 12})
     for (const char* which : {"u", "delta"})
