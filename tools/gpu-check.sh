@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer on a subset, and the benchmarks.
-# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python all (default: all)
+# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python ddp all (default: all)
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
+#      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -75,6 +76,16 @@ if want python; then
   SELSCAN_LIBRARY=$PWD/$lib SELSCAN_GOLDEN_DIR=$GOLDEN PYTHONPATH=$PWD/python python3 -m pytest -q python/tests \
     >"$OUT/pytest.log" 2>&1
   note "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+
+if want ddp; then
+  # examples/ddp_mamba.py: one DDP step over NCCL vs the same step on one GPU (needs torch and transformers).
+  lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  nproc=${DDP_GPUS:-$(( ngpu >= 2 ? 2 : 1 ))}
+  SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python python3 -m torch.distributed.run --standalone \
+    --nproc_per_node="$nproc" examples/ddp_mamba.py >"$OUT/ddp.log" 2>&1
+  note "ddp ($nproc GPU): rc=$?, $(grep -E '^(PASS|FAIL)$' "$OUT/ddp.log" | tail -1)"
 fi
 
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
