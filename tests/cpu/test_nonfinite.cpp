@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -32,6 +34,22 @@ double max_finite(int32_t dtype) {
 struct Tally {
   int64_t finite = 0, nan = 0, inf = 0, overflow = 0;
   int64_t other_kind = 0;  // non-finite where the oracle is, but NaN for Inf or the other way round
+};
+
+// Positions compared in the current test (printed at its end, for docs/reliability.md).
+Tally& totals() {
+  static Tally t;
+  return t;
+}
+struct PrintTotals {
+  PrintTotals() { totals() = Tally{}; }
+  ~PrintTotals() {
+    const Tally& t = totals();
+    std::printf("[ positions ] finite %lld, NaN %lld, Inf %lld, beyond float32/itype range %lld; non-finite of the "
+                "other kind (NaN for Inf or back) %lld\n",
+                static_cast<long long>(t.finite), static_cast<long long>(t.nan), static_cast<long long>(t.inf),
+                static_cast<long long>(t.overflow), static_cast<long long>(t.other_kind));
+  }
 };
 
 // Position-by-position comparison (`pairs`: complex values stored re, im; a complex value counts as non-finite
@@ -66,7 +84,10 @@ struct Tally {
     } else if (!std::isfinite(r)) {
       ++(std::isnan(r) ? tally.nan : tally.inf);
       if (std::isfinite(g)) note(i, "oracle non-finite, library finite");
-      else if (std::isnan(r) != std::isnan(g) || (std::isinf(g) && g != r)) ++tally.other_kind;
+      else if (std::isnan(r) != std::isnan(g) || (std::isinf(g) && g != r)) {
+        if (++tally.other_kind <= 3 && std::getenv("SELSCAN_NONFINITE_VERBOSE"))
+          std::printf("  %s[%zu]: library %g, oracle %g\n", what.c_str(), i, g, r);
+      }
     } else if (std::fabs(r) > top) {
       ++tally.overflow;
       if (std::isfinite(g)) note(i, "oracle beyond the dtype's range, library finite");
@@ -114,6 +135,13 @@ Tally run_and_compare(const CaseSpec& spec, const Edit& edit, double big = kInf,
     }
     return tally;
   }
+  struct AddToTotals {
+    Tally& t;
+    ~AddToTotals() {
+      Tally& a = totals();
+      a.finite += t.finite, a.nan += t.nan, a.inf += t.inf, a.overflow += t.overflow, a.other_kind += t.other_kind;
+    }
+  } add_to_totals{tally};
   EXPECT_TRUE(compare("out", c.out.values(), f.y, tol.out, it, tally, big));
   if (spec.has_z) EXPECT_TRUE(compare("out_z", c.out_z.values(), f.out_z, tol.out, it, tally, big));
   if (spec.with_last_state)
@@ -158,6 +186,7 @@ const char* value_name(double v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf"
 // One element of u, delta, z or dout (b = 1, d = 2, t = 13) set to NaN / +Inf / -Inf, with and without softplus
 // and z, real and complex weights, each itype.
 TEST(NonFinite, ActivationsAndDout) {
+  PrintTotals print_totals;
   uint64_t seed = 9100;
   for (const char* which : {"u", "delta", "z", "dout"})
     for (double v : {kNaN, kInf, -kInf})
@@ -188,6 +217,7 @@ TEST(NonFinite, ActivationsAndDout) {
 // Variable B and C (one element of group 1, state 3, step 21; complex: the real or imaginary half), and
 // constant B and C (channel 1, state 2).
 TEST(NonFinite, BAndC) {
+  PrintTotals print_totals;
   uint64_t seed = 9200;
   for (const char* which : {"B", "C"})
     for (bool var : {true, false})
@@ -215,6 +245,7 @@ TEST(NonFinite, BAndC) {
 
 // The (D,) and (Bt, D, N) inputs: D, delta_bias, h0, and A itself.
 TEST(NonFinite, WeightsAndInitialState) {
+  PrintTotals print_totals;
   uint64_t seed = 9300;
   for (const char* which : {"D", "delta_bias", "h0", "A"})
     for (double v : {kNaN, kInf, -kInf})
@@ -242,6 +273,7 @@ TEST(NonFinite, WeightsAndInitialState) {
 // overflows within a few dozen steps while float64 stays finite (e^(5.5*64) << e^709). Where the oracle is
 // within float32's range (early steps, late-step gradients) the library must agree; beyond it, non-finite.
 TEST(NonFinite, ExplosiveA) {
+  PrintTotals print_totals;
   uint64_t seed = 9400;
   for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16})
     for (bool cx : {false, true})
@@ -271,6 +303,7 @@ TEST(NonFinite, ExplosiveA) {
 // Non-finite values across a chunk boundary (L > 2048, x carries the states into the backward) and with many
 // threads: NaN from step 2040 of one channel must reach every later step of that channel only.
 TEST(NonFinite, AcrossChunks) {
+  PrintTotals print_totals;
   for (double v : {kNaN, kInf}) {
     CaseSpec s;
     s.batch = 1, s.dim = 3, s.seqlen = 2100, s.dstate = 8, s.slow_decay = true, s.seed = 9500;
@@ -286,6 +319,7 @@ TEST(NonFinite, AcrossChunks) {
 // oracle is not the reference here; what must hold is that the NaN stays in that channel and every output
 // is written: other channels agree with the oracle.
 TEST(NonFinite, ComplexInfiniteDelta) {
+  PrintTotals print_totals;
   CaseSpec s = base_spec(9700);
   s.complex = true, s.softplus = true, s.has_z = true;
   Case c = make_case(s);
@@ -318,6 +352,7 @@ TEST(NonFinite, ComplexInfiniteDelta) {
 // inert: an infinite delta*u (B = 0 there: 0 * inf = NaN) or an infinite delta (A = 0 there: inf * 0 = NaN)
 // must not turn the real lanes' +-inf into NaN or, worse, reach finite positions through the backward's sums.
 TEST(NonFinite, PaddedStatesStayInert) {
+  PrintTotals print_totals;
   uint64_t seed = 9600;
   for (int64_t N : {5, 12})
     for (const char* which : {"u", "delta"})
