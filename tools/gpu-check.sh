@@ -4,6 +4,8 @@
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
+# Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
+# included (GpuLimits*:GpuMulti*; ~62 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -86,6 +88,18 @@ if want ddp; then
   SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python python3 -m torch.distributed.run --standalone \
     --nproc_per_node="$nproc" examples/ddp_mamba.py >"$OUT/ddp.log" 2>&1
   note "ddp ($nproc GPU): rc=$?, $(grep -E '^(PASS|FAIL)$' "$OUT/ddp.log" | tail -1)"
+fi
+
+if [[ " ${steps[*]} " == *" limits "* ]]; then
+  gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
+  if [ -n "$gpu_tests" ]; then
+    "$gpu_tests" --gtest_filter='GpuLimits*:GpuMulti*' --gtest_also_run_disabled_tests >"$OUT/limits.log" 2>&1
+    rc=$?
+    note "limits (GpuLimits*:GpuMulti*, disabled included): rc=$rc, $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]' "$OUT/limits.log" | tr -s ' ' | tr '\n' ' ')"
+    grep -E '^\[  (FAILED  |SKIPPED )\] [A-Z]' "$OUT/limits.log" | head -20
+  else
+    note "limits: no selscan_tests_gpu binary"
+  fi
 fi
 
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
