@@ -5,7 +5,7 @@
 #      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
-# included (GpuLimits*:GpuMulti*; ~62 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
+# included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}

@@ -770,7 +770,7 @@ void run_limit(const LimitSpec& s) {
 // (Bt, D, L) tensors of 4096 x 524800 = 2 149 580 800 elements: channels 4092..4095 start or end past 2^31
 // elements (2^32 bytes of bf16). Variable B/C in 64 groups: groups 0 and 63 are sampled whole, so the
 // variable dB/dC sums are compared too. The atomic (non-deterministic) backward: its deterministic mode would
-// keep 8 fp32 images of dB and dC here (34 GiB).
+// keep 8 fp32 images of dB and dC here (32 GiB more). About 44 GiB of device memory.
 TEST(GpuLimits, DISABLED_ElementsBeyond2e31ByChannel) {
   REQUIRE_GPU();
   LimitSpec s;
@@ -801,7 +801,7 @@ TEST(GpuLimits, DISABLED_ElementsBeyond2e31ByBatch) {
 // 32-bit int: issue #884), and the float offset (b*D + d)*nc*2N passes 2^32. u, delta and dout are broadcast
 // over channels (stride 0) so the inputs fit; channels still differ through A, D and delta_bias. Sampled
 // channels straddle each boundary: (b*D + d)*nc*2N crosses 2^31 floats at b = 0, d = 2097152 and 2^32 floats
-// (2^31 float2 states) at b = 1, d = 2093056. About 62 GiB of device memory.
+// (2^31 float2 states) at b = 1, d = 2093056. About 58 GiB of device memory (52 + 6 of workspace).
 TEST(GpuLimits, DISABLED_ChunkStateOffsetsBeyond2e31) {
   REQUIRE_GPU();
   LimitSpec s;
