@@ -758,7 +758,7 @@ void run_limit(const LimitSpec& s) {
     gather(g.out_z_bwd, bdl, &tmp);
     expect_close("out_z(bwd)", tmp, sub.out_z_bwd, tol.out, worst);
   }
-  std::printf("[ limits ] %s\n           GPU fwd %.1f ms, bwd %.1f ms (workspace %.2f GiB, %.1f GiB of device memory in "
+  std::printf("[ limits ] %s\n    GPU fwd %.1f ms, bwd %.1f ms (workspace %.2f GiB, %.1f GiB of device memory in "
               "use); CPU on %lld sampled channels: fwd %.0f ms, bwd %.0f ms; worst error/tolerance %.3f (%s)%s\n",
               s.str().c_str(), fwd_ms, bwd_ms, ws / kGiB, (total_b - used_free) / kGiB, static_cast<long long>(K),
               cpu_fwd_ms, cpu_bwd_ms, worst.ratio, worst.what.c_str(),
@@ -1079,7 +1079,8 @@ Outcome run_both(const CaseSpec& spec, const std::function<void(Case&)>& edit, b
     g = ref_backward(rp, ref_dout(base));
   }
   const Tolerances tol = upstream_tolerances(spec.itype, spec.has_z, spec.var_B, spec.var_C);
-  auto compare_all = [&](std::vector<std::pair<const char*, Tensor*>> gs, std::vector<std::pair<const char*, Tensor*>> cs) {
+  using NamedOut = std::vector<std::pair<const char*, Tensor*>>;
+  auto compare_all = [&](const NamedOut& gs, const NamedOut& cs) {
     ASSERT_EQ(gs.size(), cs.size());
     for (size_t i = 0; i < gs.size(); ++i) {
       const std::string name = gs[i].first;
