@@ -1,5 +1,7 @@
 #include "case.h"
 
+#include "args.h"
+
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -123,19 +125,7 @@ selscan_fwd_args_t Case::fwd_args(const PtrMap& ptr) {
 
 selscan_bwd_args_t Case::bwd_args(const PtrMap& ptr, bool deterministic) {
   auto d = [&](Tensor& t) { return t.present() ? t.desc(ptr(t)) : t.desc(nullptr); };
-  selscan_bwd_args_t a{};
-  a.struct_size = sizeof(a);
-  a.u = d(u);
-  a.delta = d(delta);
-  a.A = d(A);
-  a.B = d(B);
-  a.C = d(C);
-  a.D = d(D);
-  a.z = d(z);
-  a.delta_bias = d(delta_bias);
-  a.h0 = d(h0);
-  a.delta_softplus = spec.softplus ? 1 : 0;
-  a.deterministic = deterministic ? 1 : 0;
+  selscan_bwd_args_t a = bwd_args_with_inputs_of(fwd_args(ptr), deterministic);
   a.dout = d(dout);
   a.x = d(x);
   Tensor none;

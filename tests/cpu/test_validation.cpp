@@ -8,22 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "args.h"
 #include "selscan/selscan.h"
 
 namespace {
 
 selscan_tensor_t tensor(void* data, selscan_dtype_t dt, std::vector<int64_t> sizes) {
-  selscan_tensor_t t{};
-  t.data = data;
-  t.dtype = dt;
-  t.ndim = static_cast<int32_t>(sizes.size());
-  int64_t stride = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    t.sizes[i] = sizes[i];
-    t.strides[i] = stride;
-    stride *= sizes[i];
-  }
-  return t;
+  return selscan_test::contiguous_desc(data, dt, sizes);
 }
 
 // A small valid fp32 problem (Bt=2, D=4, L=8, N=3, variable B/C, z) whose pieces each test breaks in one way.
@@ -50,13 +41,7 @@ struct Fixture {
     fwd.out = tensor(out.data(), f32, {Bt, D, L});
     fwd.out_z = tensor(out_z.data(), f32, {Bt, D, L});
 
-    bwd.struct_size = sizeof(bwd);
-    bwd.u = fwd.u;
-    bwd.delta = fwd.delta;
-    bwd.A = fwd.A;
-    bwd.B = fwd.B;
-    bwd.C = fwd.C;
-    bwd.z = fwd.z;
+    bwd = selscan_test::bwd_args_with_inputs_of(fwd, false);
     bwd.dout = tensor(dout.data(), f32, {Bt, D, L});
     bwd.out = tensor(u.data(), f32, {Bt, D, L});
     bwd.du = tensor(du.data(), f32, {Bt, D, L});

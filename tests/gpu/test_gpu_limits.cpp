@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "args.h"
 #include "case.h"
 #include "check.h"
 #include "compare.h"
@@ -441,19 +442,7 @@ selscan_fwd_args_t fwd_args(const LimitSpec& s, const DevProblem& g) {
 }
 
 selscan_bwd_args_t bwd_args(const LimitSpec& s, const DevProblem& g) {
-  selscan_bwd_args_t a{};
-  a.struct_size = sizeof(a);
-  a.u = g.u.desc();
-  a.delta = g.delta.desc();
-  a.A = g.A.desc();
-  a.B = g.B.desc();
-  a.C = g.C.desc();
-  a.D = g.Dv.desc();
-  a.z = g.z.desc();
-  a.delta_bias = g.bias.desc();
-  a.h0 = g.h0.desc();
-  a.delta_softplus = s.softplus ? 1 : 0;
-  a.deterministic = s.det ? 1 : 0;
+  selscan_bwd_args_t a = bwd_args_with_inputs_of(fwd_args(s, g), s.det);
   a.dout = g.dout.desc();
   a.x = g.x.desc();
   if (s.hasZ) a.out = g.out.desc();

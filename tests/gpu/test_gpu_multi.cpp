@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "args.h"
 #include "gpu_gate.h"
 #include "half.h"
 #include "selscan/selscan.h"
@@ -195,18 +196,7 @@ class Call {
     fa_.out_z = d("out_z");
     fa_.x = d("x");
     fa_.last_state = d("last_state");
-    ba_.struct_size = sizeof(ba_);
-    ba_.u = fa_.u;
-    ba_.delta = fa_.delta;
-    ba_.A = fa_.A;
-    ba_.B = fa_.B;
-    ba_.C = fa_.C;
-    ba_.D = fa_.D;
-    ba_.z = fa_.z;
-    ba_.delta_bias = fa_.delta_bias;
-    ba_.h0 = fa_.h0;
-    ba_.delta_softplus = 1;
-    ba_.deterministic = 1;
+    ba_ = selscan_test::bwd_args_with_inputs_of(fa_, true);
     ba_.dout = d("dout");
     ba_.x = fa_.x;
     ba_.out = fa_.out;

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "args.h"
 #include "gpu_gate.h"
 #include "selscan/selscan.h"
 
@@ -20,17 +21,7 @@ constexpr int64_t Bt = 2, D = 64, L = 2500, N = 16;  // two chunks, so x is cons
 
 
 selscan_tensor_t desc(void* p, std::vector<int64_t> sizes) {
-  selscan_tensor_t t{};
-  t.data = p;
-  t.dtype = SELSCAN_DTYPE_FLOAT32;
-  t.ndim = static_cast<int32_t>(sizes.size());
-  int64_t s = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    t.sizes[i] = sizes[i];
-    t.strides[i] = s;
-    s *= sizes[i];
-  }
-  return t;
+  return selscan_test::contiguous_desc(p, SELSCAN_DTYPE_FLOAT32, sizes);
 }
 
 // Shared read-only inputs on the device.
@@ -92,17 +83,7 @@ struct Outputs {
     fa.out = desc(out, {Bt, D, L});
     fa.out_z = desc(out_z, {Bt, D, L});
     fa.x = desc(x, {Bt, D, nc, 2 * N});
-    ba.struct_size = sizeof(ba);
-    ba.u = fa.u;
-    ba.delta = fa.delta;
-    ba.A = fa.A;
-    ba.B = fa.B;
-    ba.C = fa.C;
-    ba.D = fa.D;
-    ba.z = fa.z;
-    ba.delta_bias = fa.delta_bias;
-    ba.delta_softplus = 1;
-    ba.deterministic = 1;
+    ba = selscan_test::bwd_args_with_inputs_of(fa, true);
     ba.dout = desc(in.dout, {Bt, D, L});
     ba.x = fa.x;
     ba.out = fa.out;
