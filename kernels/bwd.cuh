@@ -760,6 +760,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
                   if constexpr (!VC) acc[args.accC * N + n] = wadd(acc[args.accC * N + n], aC_l);
                 }
               }
+              __syncwarp();  // every lane's read of gcar[n] above precedes lane 0's write (racecheck)
               if (lane == 0) gcar[n] = gout;
             }
             };
