@@ -52,8 +52,14 @@ struct Vec16 {
 };
 
 template <typename T>
-__device__ __forceinline__ void load16(const T* p, float* out) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ unsigned short bits16(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half_as_ushort(v);
+  else return __bfloat16_as_ushort(v);
+}
+
+// 16 raw bytes of itype values <-> floats.
+template <typename T>
+__device__ __forceinline__ void unpack16(uint4 raw, float* out) {
   if constexpr (sizeof(T) == 4) {
     out[0] = __uint_as_float(raw.x);
     out[1] = __uint_as_float(raw.y);
@@ -80,31 +86,60 @@ __device__ __forceinline__ void load16(const T* p, float* out) {
 }
 
 template <typename T>
-__device__ __forceinline__ unsigned short bits16(T v) {
-  if constexpr (std::is_same_v<T, __half>) return __half_as_ushort(v);
-  else return __bfloat16_as_ushort(v);
-}
-
-template <typename T>
-__device__ __forceinline__ void store16(T* p, const float* in) {
-  uint4 raw;
+__device__ __forceinline__ uint4 pack16(const float* in) {
   if constexpr (sizeof(T) == 4) {
-    raw.x = __float_as_uint(in[0]);
-    raw.y = __float_as_uint(in[1]);
-    raw.z = __float_as_uint(in[2]);
-    raw.w = __float_as_uint(in[3]);
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
   } else {
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       w[i] = static_cast<uint32_t>(bits16(from_f32<T>(in[2 * i]))) |
              (static_cast<uint32_t>(bits16(from_f32<T>(in[2 * i + 1]))) << 16);
-    raw = make_uint4(w[0], w[1], w[2], w[3]);
+    return make_uint4(w[0], w[1], w[2], w[3]);
   }
-  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, float* out) {
+  unpack16<T>(__ldg(reinterpret_cast<const uint4*>(p)), out);
+}
+
+template <typename T>
+__device__ __forceinline__ void store16(T* p, const float* in) {
+  *reinterpret_cast<uint4*>(p) = pack16<T>(in);
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 16 bytes' worth of a row's itype values from time t: one vector load when `vec` (the row is 16-byte aligned)
+// and the vector ends before L; otherwise element by element, with 0 past L.
+template <typename T>
+__device__ __forceinline__ uint4 load_row16(const T* row, int64_t t, int64_t L, bool vec) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && t + VE <= L) return __ldg(reinterpret_cast<const uint4*>(row + t));
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int j = 0; j < VE; ++j) {
+    if (t + j < L) {
+      if constexpr (sizeof(T) == 4) w[j] = __float_as_uint(row[t + j]);
+      else w[j / 2] |= static_cast<uint32_t>(bits16(row[t + j])) << (16 * (j % 2));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The store counterpart: steps at or past L are not written.
+template <typename T>
+__device__ __forceinline__ void store_row16(T* row, int64_t t, int64_t L, bool vec, const float* in) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && t + VE <= L) {
+    store16(row + t, in);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < VE; ++j)
+    if (t + j < L) row[t + j] = from_f32<T>(in[j]);
+}
 
 // ---------------------------------------------------------------------------------------------- fast math
 // exp2 as upstream's --use_fast_math build runs it: ex2.approx.ftz (flushes denormal results to zero).

@@ -15,10 +15,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common.cuh"
 #include "errors.h"
+#include "fwd_ts.cuh"
 #include "problem.h"
 
 namespace selscan::kern {
@@ -334,6 +336,17 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
   }
 }
 
+// Checks a launch and sets the dynamic shared memory limit above the default 48 KB when a kernel needs it.
+template <typename Kernel>
+Status set_smem(Kernel* kernel, size_t smem, const char* what) {
+  if (smem <= 48 * 1024) return SELSCAN_STATUS_SUCCESS;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess)
+    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string(what) + ": cudaFuncSetAttribute(shared memory) failed: " +
+                                               cudaGetErrorString(e));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
 // One configuration (K steps per lane, launch-bounds occupancy hint) of the forward for itype T.
 template <typename T, bool kComplex, int K, int kMinBlocks>
 Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
@@ -349,12 +362,7 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
   const size_t smem = (p.var_B ? stage : 0) + (p.var_C ? stage : 0) +
                       static_cast<size_t>(warps) * p.dstate * kSlots * sizeof(typename Tr::W);
   auto* kernel = &fwd_kernel<T, kComplex, K, kMinBlocks>;
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess)
-      return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward: cudaFuncSetAttribute(shared memory) failed: ") +
-                                                 cudaGetErrorString(e));
-  }
+  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
   kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, tiles);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -362,11 +370,49 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-// The configuration the library ships per (itype, real/complex).
+// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise.
+template <typename T>
+Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
+  *used = false;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return fail(SELSCAN_STATUS_CUDA_ERROR, "forward: cannot read the device's multiprocessor count");
+  ts::Cfg cfg;
+  if (!ts::plan(p, sms, Vec16<T>::kElems, &cfg)) return SELSCAN_STATUS_SUCCESS;
+  *used = true;
+  const int64_t blocks = p.batch * p.groups * cfg.tiles_per_group;
+  if (blocks > 0x7fffffffLL)
+    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(cfg.ch) +
+                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
+  const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
+  auto* kernel = &ts::fwd_ts_kernel<T>;
+  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
+  kernel<<<static_cast<unsigned>(blocks), cfg.ch * cfg.tpc, smem, stream>>>(p, cfg);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward kernel launch failed: ") + cudaGetErrorString(e));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+// The configuration the library ships per (itype, real/complex): the thread-states kernel for real weights
+// and dstate <= 64, the warp-scan kernel otherwise. SELSCAN_FWD_KERNEL=warp forces the warp-scan kernel
+// (benchmark comparisons).
 template <typename T, bool kComplex>
 Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
-  if constexpr (kComplex) return launch_fwd_cfg<T, true, 8, 2>(p, stream);
-  else return launch_fwd_cfg<T, false, 16, 2>(p, stream);
+  if constexpr (kComplex) {
+    return launch_fwd_cfg<T, true, 8, 2>(p, stream);
+  } else {
+    static const bool force_warp = [] {
+      const char* e = std::getenv("SELSCAN_FWD_KERNEL");
+      return e != nullptr && std::string(e) == "warp";
+    }();
+    if (!force_warp) {
+      bool used = false;
+      const Status s = launch_fwd_ts<T>(p, stream, &used);
+      if (used || s != SELSCAN_STATUS_SUCCESS) return s;
+    }
+    return launch_fwd_cfg<T, false, 16, 2>(p, stream);
+  }
 }
 
 }  // namespace selscan::kern

@@ -1,0 +1,321 @@
+// The forward for real weights and dstate <= 64: every thread runs the recurrence of kS states of one channel
+// sequentially in time ("thread-states" mapping), so there is no scan across threads at all.
+//
+// Why: the warp-scan kernel (fwd.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
+// and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
+// (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with kS independent chains per thread, so the kernel is
+// bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/kS) threads.
+//
+// Mapping: a block = (batch b, CH consecutive channels of one group), TPC = ceil(N/kS) (a power of 2) threads per
+// channel. Time runs in tiles of TT steps; per tile:
+//   stage   : u/delta of the block's channels -> delta' = softplus(delta + bias) and delta'*u in shared memory
+//             (one 16-byte vector per thread and tensor, loaded during the previous tile's compute), variable B/C
+//             rows -> shared memory transposed to [t][n], so a thread reads its kS states of a step as one float4;
+//   compute : each thread advances its kS states TT steps and writes its partial y (sum over its states) per step;
+//   epilogue: y = sum of the TPC partials + D u, out and out_z = y silu(z), as 16-byte vectors.
+// Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
+// end) and last_state are written by the thread that owns the state.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "problem.h"
+
+namespace selscan::kern::ts {
+
+constexpr int kS = 4;           // states per thread
+constexpr int kMaxThreads = 128;
+constexpr int kMaxTpc = 16;     // threads per channel: dstate <= kS * kMaxTpc = 64
+
+// Launch shape, chosen on the host (launch_fwd_ts) and passed by value.
+struct Cfg {
+  int tpc = 1;                  // threads per channel
+  int ch = 1;                   // channels per block (blockDim.x = ch * tpc)
+  int tt = 8;                   // time steps per tile (8, 16 or 32; divides kChunk)
+  int64_t tiles_per_group = 1;  // channel tiles per group
+};
+
+// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] when variable, y partials
+// [threads][tt+4]. Rows padded by 4 floats keep float4 alignment and spread banks.
+__host__ __device__ inline int64_t smem_floats(const Cfg& c, bool var_B, bool var_C) {
+  const int64_t row = c.tt + 4;
+  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS;
+  return 2 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
+}
+
+// The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
+// shared memory; otherwise bs/cc hold the constants. For constant B with variable C, `cm` multiplies C (the folded
+// B of upstream's convention, or 1).
+template <bool VB, bool VC>
+__device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float4* sB4,
+                                      const float4* sC4, int stride4, float* y_row, float (&h)[kS],
+                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
+                                      bool want_sum, float& dsum) {
+  for (int t = 0; t < tt; t += 4) {
+    const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
+    const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
+    const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
+    const float du[4] = {du4.x, du4.y, du4.z, du4.w};
+    float y[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float bv[kS], cv[kS];
+      if constexpr (VB) {
+        const float4 q = sB4[(t + j) * stride4];
+        bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+      }
+      if constexpr (VC) {
+        const float4 q = sC4[(t + j) * stride4];
+        cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
+        if constexpr (!VB) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s) cv[s] *= cc[s];
+        }
+      }
+      float acc = 0.f;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const float a = exp2_fast(dl[j] * a2[s]);
+        const float bb = (VB ? bv[s] : bs[s]) * du[j];
+        h[s] = fmaf(a, h[s], bb);
+        acc = fmaf(h[s], VC ? cv[s] : cc[s], acc);
+      }
+      y[j] = acc;
+    }
+    *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+    if (want_sum) dsum += (dl[0] + dl[1]) + (dl[2] + dl[3]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p, const Cfg cfg) {
+  constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
+  const int NP = TPC * kS;     // padded states
+  const int ROW = TT + 4;
+  const int64_t L = p.seqlen, N = p.dstate;
+  const int64_t cpg = p.dim / p.groups;
+  int64_t blk = blockIdx.x;
+  const int64_t tile = blk % cfg.tiles_per_group;
+  blk /= cfg.tiles_per_group;
+  const int64_t g = blk % p.groups;
+  const int64_t b = blk / p.groups;
+  const int64_t c0 = tile * CH;  // first channel of the block within the group
+  const int nch = static_cast<int>(cpg - c0 < CH ? cpg - c0 : CH);
+  const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+
+  float* sDl = smem;                  // [CH][ROW]
+  float* sDu = sDl + CH * ROW;        // [CH][ROW]
+  float* sB = sDu + CH * ROW;         // [TT][NP]
+  float* sC = sB + (var_B ? TT * NP : 0);
+  float* sY = sC + (var_C ? TT * NP : 0);  // [threads][ROW]
+
+  // ---- compute role: channel cc of the block, states n = k*kS + s
+  const int cc = tid / TPC, k = tid % TPC;
+  const bool cactive = cc < nch;
+  const int64_t d = g * cpg + c0 + (cactive ? cc : 0);
+  float a2[kS], bs[kS], cf[kS], h[kS], prun[kS];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    const int64_t n = static_cast<int64_t>(k) * kS + s;
+    const bool ok = n < N;
+    a2[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
+    const float Bc = (ok && !var_B) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
+    const float Cc = (ok && !var_C) ? __ldg(static_cast<const float*>(p.C.p) + d * p.C.s[0] + n * p.C.s[1]) : 0.f;
+    // fold_B (constant B, no h0): the scan runs without B, which joins the output coefficient.
+    bs[s] = var_B ? 0.f : (fold_B ? (ok ? 1.f : 0.f) : Bc);
+    if (var_C) cf[s] = var_B ? 1.f : (fold_B ? Bc : 1.f);
+    else cf[s] = (fold_B ? Bc * Cc : Cc);
+    h[s] = (ok && p.h0.p != nullptr)
+               ? __ldg(static_cast<const float*>(p.h0.p) + b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
+               : 0.f;
+    prun[s] = 1.f;
+  }
+  // Padded state columns of the B/C tiles stay 0 (staging writes only n < N).
+  for (int i = tid; i < (var_B ? TT * NP : 0) + (var_C ? TT * NP : 0); i += nthreads) sB[i] = 0.f;
+  __syncthreads();
+
+  // ---- stage / epilogue role: the 16-byte vector q = tid of the [CH][TT] u/delta tile (channel qc, steps qt..)
+  // and of the [N][TT] B/C tiles (state qn, steps qbt..). Row pointers are recomputed per use: registers are the
+  // scarce resource here, not integer arithmetic.
+  const int vpr = TT / V;  // vectors per row
+  const int qc = tid / vpr, qt = (tid % vpr) * V;
+  const bool vact = tid < CH * vpr && qc < nch;
+  const int64_t dq = g * cpg + c0 + (vact ? qc : 0);
+  const bool has_z = p.z.p != nullptr;
+  const auto row = [&](const View& v) { return b * v.s[0] + dq * v.s[1]; };
+  const T* u_row = static_cast<const T*>(p.u.p) + row(p.u);
+  const T* dt_row = static_cast<const T*>(p.delta.p) + row(p.delta);
+  const bool vec_in = aligned16(u_row) && aligned16(dt_row);
+  const float dbias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + dq * p.delta_bias.s[0]) : 0.f;
+  const int qn = tid / vpr;
+  const bool bact = qn < N;
+  const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
+  const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
+
+  uint4 ru, rdt, rB, rC, ru_cur, rz;  // next tile's inputs (loaded during the current tile's compute), current u, z
+  const auto prefetch = [&](int64_t t0) {
+    if (vact) {
+      ru = load_row16(u_row, t0 + qt, L, vec_in);
+      rdt = load_row16(dt_row, t0 + qt, L, vec_in);
+    }
+    if (B_row != nullptr) rB = load_row16(B_row, t0 + qt, L, aligned16(B_row));
+    if (C_row != nullptr) rC = load_row16(C_row, t0 + qt, L, aligned16(C_row));
+  };
+  const auto stage = [&](int64_t t0) {
+    if (vact) {
+      float uu[V], dl[V], du[V];
+      unpack16<T>(ru, uu);
+      unpack16<T>(rdt, dl);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float v = dl[j] + dbias;
+        if (p.softplus) v = softplus(v);
+        if (t0 + qt + j >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
+        dl[j] = v;
+        du[j] = v * uu[j];
+      }
+#pragma unroll
+      for (int j = 0; j < V; j += 4) {
+        *reinterpret_cast<float4*>(sDl + qc * ROW + qt + j) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
+        *reinterpret_cast<float4*>(sDu + qc * ROW + qt + j) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
+      }
+      ru_cur = ru;
+    }
+    float v[V];
+    if (B_row != nullptr) {
+      unpack16<T>(rB, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sB[(qt + j) * NP + qn] = v[j];
+    }
+    if (C_row != nullptr) {
+      unpack16<T>(rC, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sC[(qt + j) * NP + qn] = v[j];
+    }
+  };
+
+  const bool want_x = p.x.p != nullptr;
+  const int64_t ntiles = (L + TT - 1) / TT;
+  float dsum = 0.f;
+  prefetch(0);
+  stage(0);
+  for (int64_t it = 0; it < ntiles; ++it) {
+    const int64_t t0 = it * TT;
+    __syncthreads();  // the staged tile is visible; the previous epilogue is done with sY
+    if (it + 1 < ntiles) prefetch(t0 + TT);
+    if (has_z && vact) rz = load_row16(static_cast<const T*>(p.z.p) + row(p.z), t0 + qt, L, aligned16(static_cast<const T*>(p.z.p) + row(p.z)));
+    if (cactive) {
+      const float* dl_row = sDl + cc * ROW;
+      const float* du_row = sDu + cc * ROW;
+      const float4* sB4 = reinterpret_cast<const float4*>(sB) + k;
+      const float4* sC4 = reinterpret_cast<const float4*>(sC) + k;
+      float* y_row = sY + tid * ROW;
+      const int st4 = NP / 4;
+      if (var_B) {
+        if (var_C) steps<true, true>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<true, false>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+      } else {
+        if (var_C) steps<false, true>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<false, false>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+      }
+      const int64_t tend = t0 + TT;
+      if (want_x && (tend % kChunk == 0 || tend >= L)) {
+        // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
+        float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          const int64_t n = static_cast<int64_t>(k) * kS + s;
+          prun[s] *= exp2_fast(a2[s] * dsum);
+          if (n < N) {
+            xr[2 * n] = prun[s];
+            xr[2 * n + 1] = h[s];
+          }
+        }
+        dsum = 0.f;
+      }
+    }
+    __syncthreads();  // sY complete; the tile's staged inputs are no longer read
+    if (vact) {
+      float y[V];
+      unpack16<T>(ru_cur, y);
+      const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dq * p.D.s[0]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) y[j] *= Dd;
+      for (int kk = 0; kk < TPC; ++kk) {
+        const float* yr = sY + (qc * TPC + kk) * ROW + qt;
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(yr + j);
+          y[j] += v.x;
+          y[j + 1] += v.y;
+          y[j + 2] += v.z;
+          y[j + 3] += v.w;
+        }
+      }
+      T* out_row = static_cast<T*>(p.out.p) + row(p.out);
+      store_row16(out_row, t0 + qt, L, aligned16(out_row), y);
+      if (has_z) {
+        const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
+        T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
+        float zz[V];
+        unpack16<T>(rz, zz);
+#pragma unroll
+        for (int j = 0; j < V; ++j) zz[j] = y[j] * silu(zz[j]);
+        store_row16(oz_row, t0 + qt, L, aligned16(oz_row) && aligned16(z_row), zz);
+      }
+    }
+    if (it + 1 < ntiles) stage(t0 + TT);
+  }
+
+  if (cactive && p.last_state.p != nullptr) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      const int64_t n = static_cast<int64_t>(k) * kS + s;
+      if (n >= N) continue;
+      float hv = h[s];
+      if (fold_B) hv *= __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]);  // true state = B H
+      static_cast<float*>(p.last_state.p)[b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2]] = hv;
+    }
+  }
+}
+
+// The launch shape for p on a device with `sms` multiprocessors, or false when this kernel does not serve p
+// (complex weights, dstate > 64). Blocks shrink from 128 to 32 threads while that still leaves fewer than
+// 4 blocks per SM or idle channels; the tile is the longest whose staging takes one 16-byte vector per thread.
+inline bool plan(const Problem& p, int sms, int vec_elems, Cfg* out) {
+  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+  Cfg c;
+  while (c.tpc * kS < p.dstate) c.tpc *= 2;
+  const int64_t cpg = p.dim / p.groups;
+  const auto blocks = [&](int threads) {
+    const int64_t ch = threads / c.tpc;
+    return p.batch * p.groups * ((cpg + ch - 1) / ch);
+  };
+  int threads = kMaxThreads;
+  while (threads > 32 && (blocks(threads) < 4LL * sms || (threads / 2) / c.tpc >= cpg)) threads /= 2;
+  c.ch = threads / c.tpc;
+  c.tiles_per_group = (cpg + c.ch - 1) / c.ch;
+  c.tt = 0;
+  for (int tt : {32, 16, 8}) {
+    if (tt < vec_elems) break;
+    const int64_t vpr = tt / vec_elems;  // one 16-byte vector per thread: the u/delta and the B/C tiles fit
+    if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {
+      c.tt = tt;
+      break;
+    }
+  }
+  if (c.tt == 0) return false;
+  *out = c;
+  return true;
+}
+
+}  // namespace selscan::kern::ts
