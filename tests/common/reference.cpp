@@ -29,12 +29,14 @@ cd c_at(const RefProblem& p, int64_t b, int64_t d, int64_t n, int64_t t) {
 
 }  // namespace
 
-RefFwd ref_forward(const RefProblem& p) {
+RefFwd ref_forward(const RefProblem& p, bool with_cond) {
   RefFwd r;
   const int64_t nc = p.nchunks();
   const double kappa = p.cplx ? 2.0 : 1.0;
   r.y.assign(static_cast<size_t>(p.Bt * p.D * p.L), 0.0);
   if (p.has_z) r.out_z.assign(r.y.size(), 0.0);
+  if (with_cond) r.cond_y.assign(r.y.size(), 0.0);
+  if (with_cond && p.has_z) r.cond_out_z.assign(r.y.size(), 0.0);
   r.last_state.assign(static_cast<size_t>(p.Bt * p.D * p.N), 0.0);
   r.xP.assign(static_cast<size_t>(p.Bt * p.D * nc * p.N), 0.0);
   r.xH.assign(r.xP.size(), 0.0);
@@ -44,12 +46,26 @@ RefFwd ref_forward(const RefProblem& p) {
       row_delta(p, b, d, dt, pre);
       const double Dd = p.has_D ? p.Dv[d] : 0.0;
       for (int64_t t = 0; t < p.L; ++t) r.y[p.bdl(b, d, t)] = Dd * p.u[p.bdl(b, d, t)];
+      if (with_cond)
+        for (int64_t t = 0; t < p.L; ++t) r.cond_y[p.bdl(b, d, t)] = std::abs(Dd * p.u[p.bdl(b, d, t)]);
       for (int64_t n = 0; n < p.N; ++n) {
         cd h = p.has_h0 ? p.h0[p.bdn(b, d, n)] : cd(0.0);
         cd P = 1.0;
+        // Running first-order error bound of h in units of u (Wilkinson's running error analysis): if step t
+        // computes ā_t with relative error <= (1 + |δ_t A|) u (exp2/sincos, and δ_t's own rounding scaled by
+        // d ā / d δ = A ā) and b̄_t, the product and the sum each with relative error <= u, then
+        // |h_fp32(t) - h(t)| <= M(t) u with M(t) = |ā_t| M(t-1) + (1 + |δ_t A|) |ā_t h(t-1)| + |b̄_t|, M(-1) = 0.
+        // Slowly decaying states accumulate M over their whole memory (M ~ t |h| when |ā| ~ 1).
+        double M = 0.0;
         for (int64_t t = 0; t < p.L; ++t) {
           const cd a = std::exp(dt[t] * p.A[p.dn(d, n)]);
-          h = a * h + b_at(p, b, d, n, t) * (dt[t] * p.u[p.bdl(b, d, t)]);
+          const cd bb = b_at(p, b, d, n, t) * (dt[t] * p.u[p.bdl(b, d, t)]);
+          if (with_cond) {
+            const double aa = std::abs(a);
+            M = aa * M + (1.0 + std::abs(dt[t] * p.A[p.dn(d, n)])) * aa * std::abs(h) + std::abs(bb);
+            r.cond_y[p.bdl(b, d, t)] += kappa * std::abs(c_at(p, b, d, n, t)) * M;
+          }
+          h = a * h + bb;
           P *= a;
           r.y[p.bdl(b, d, t)] += kappa * (h * c_at(p, b, d, n, t)).real();
           if ((t + 1) % 2048 == 0 || t + 1 == p.L) {
@@ -64,6 +80,7 @@ RefFwd ref_forward(const RefProblem& p) {
         for (int64_t t = 0; t < p.L; ++t) {
           const double zt = p.z[p.bdl(b, d, t)];
           r.out_z[p.bdl(b, d, t)] = r.y[p.bdl(b, d, t)] * zt * sigmoid(zt);
+          if (with_cond) r.cond_out_z[p.bdl(b, d, t)] = r.cond_y[p.bdl(b, d, t)] * std::abs(zt * sigmoid(zt));
         }
     }
   return r;

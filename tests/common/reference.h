@@ -37,6 +37,11 @@ struct RefProblem {
 struct RefFwd {
   std::vector<double> y;       // (Bt, D, L) before the gate
   std::vector<double> out_z;   // (Bt, D, L) y * silu(z) (when z)
+  // Condition scales (only with ref_forward(p, true)): cond_y[i] bounds |y_fp32 - y| / u (u = 2^-24 = fp32's
+  // unit roundoff) to first order when every step of the recurrence is computed with relative errors of
+  // about one unit in ā_t (plus |δ_t A| units for the rounding of δ_t inside exp), b̄_t and the output
+  // products; cond_out_z = cond_y * |silu(z)|. See docs/numerics.md, "Conditioning-aware output tolerance".
+  std::vector<double> cond_y, cond_out_z;  // (Bt, D, L)
   std::vector<cd> last_state;  // (Bt, D, N) true state after position L-1
   std::vector<cd> xP, xH;      // (Bt, D, nc, N) chunk states (xH in the fold_B convention)
 };
@@ -49,7 +54,8 @@ struct RefBwd {
   std::vector<cd> dh0;                 // (Bt, D, N)
 };
 
-RefFwd ref_forward(const RefProblem& p);
+// `with_cond` also fills cond_y / cond_out_z (a few more operations in the same recurrence).
+RefFwd ref_forward(const RefProblem& p, bool with_cond = false);
 // dout: gradient of the final output (out_z when z is given, else y). Gradients follow PyTorch's convention
 // for complex inputs of a real loss (dL/dRe + i dL/dIm).
 RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout);

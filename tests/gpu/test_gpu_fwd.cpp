@@ -108,13 +108,16 @@ void expect_all_written(Case& c) {
   }
 }
 
-void expect_matches_reference(Case& c) {
+// out / out_z: upstream's tolerance, or k u cond where larger (tests/common/compare.h, docs/numerics.md), so
+// ill-conditioned elements (slowly decaying states whose terms cancel) are held to what fp32 can deliver.
+void expect_matches_reference(Case& c, const RefFwd& f) {
   const CaseSpec& s = c.spec;
-  const RefFwd f = ref_forward(ref_problem(c));
   const Tolerances tol = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C);
-  EXPECT_TRUE(allclose("out vs float64", c.out.values(), f.y, tol.out));
+  const std::vector<double> ay = cond_bound(f.cond_y);
+  EXPECT_TRUE(allclose("out vs float64", c.out.values(), f.y, tol.out, &ay));
   if (s.has_z) {
-    EXPECT_TRUE(allclose("out_z vs float64", c.out_z.values(), f.out_z, tol.out));
+    const std::vector<double> az = cond_bound(f.cond_out_z);
+    EXPECT_TRUE(allclose("out_z vs float64", c.out_z.values(), f.out_z, tol.out, &az));
   }
   if (s.with_last_state) {
     EXPECT_TRUE(allclose("last_state vs float64", c.last_state.values(), flatten(f.last_state, s.complex),
@@ -124,18 +127,24 @@ void expect_matches_reference(Case& c) {
     EXPECT_TRUE(allclose("x vs float64", c.x.values(), ref_x_values(f, c), tol.x));
   }
 }
+void expect_matches_reference(Case& c) { expect_matches_reference(c, ref_forward(ref_problem(c), true)); }
 
-// GPU outputs vs the CPU path's on the same inputs (both fp32 arithmetic: they agree to the output tolerance).
-void expect_matches_cpu(Case& gpu) {
+// GPU outputs vs the CPU path's on the same inputs (both fp32 arithmetic: they agree to the output tolerance;
+// out / out_z also within 2 k u cond where larger, as each side may be k u cond away from the float64 `f`).
+void expect_matches_cpu(Case& gpu, const RefFwd& f) {
   Case cpu = gpu;
   ASSERT_EQ(run_fwd(cpu, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   const Tol t = tol_out(gpu.spec.itype);
+  const std::vector<double> ay = cond_bound(f.cond_y, 2.0);
+  const std::vector<double> az = gpu.spec.has_z ? cond_bound(f.cond_out_z, 2.0) : std::vector<double>();
   for (auto& [name, g] : gpu.named_fwd_outputs()) {
     Tensor* ct = nullptr;
     for (auto& [cn, cten] : cpu.named_fwd_outputs())
       if (std::string(cn) == name) ct = cten;
     ASSERT_NE(ct, nullptr) << name;
-    EXPECT_TRUE(allclose(std::string(name) + " vs CPU path", g->values(), ct->values(), t));
+    const std::string n(name);
+    const std::vector<double>* bound = n == "out" ? &ay : n == "out_z" ? &az : nullptr;
+    EXPECT_TRUE(allclose(n + " vs CPU path", g->values(), ct->values(), t, bound));
   }
 }
 
@@ -147,8 +156,9 @@ void check_spec(const CaseSpec& spec, bool misalign = false) {
   ASSERT_TRUE(dev.ok()) << "device allocation/copy failed";
   ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   expect_all_written(c);
-  expect_matches_reference(c);
-  expect_matches_cpu(c);
+  const RefFwd f = ref_forward(ref_problem(c), /*with_cond=*/true);
+  expect_matches_reference(c, f);
+  expect_matches_cpu(c, f);
   std::vector<Tensor> first;
   for (Tensor* t : c.fwd_outputs()) first.push_back(*t);
   ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
