@@ -370,22 +370,48 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise.
+// Which forward kernel runs: SELSCAN_FWD_KERNEL=warp|ts2|ts4 forces one (tests and benchmark comparisons; a
+// forced ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto`
+// lets the launcher choose.
+enum class FwdChoice { automatic, warp, ts2, ts4 };
+inline FwdChoice fwd_choice() {
+  static const FwdChoice c = [] {
+    const char* e = std::getenv("SELSCAN_FWD_KERNEL");
+    const std::string v = e != nullptr ? e : "";
+    if (v == "warp") return FwdChoice::warp;
+    if (v == "ts2") return FwdChoice::ts2;
+    if (v == "ts4") return FwdChoice::ts4;
+    return FwdChoice::automatic;
+  }();
+  return c;
+}
+
+// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise. KS = 4 states per thread
+// unless that leaves fewer than kTs2WarpsPerSm warps per SM and dstate <= 32: then KS = 2 doubles the threads.
+constexpr int kTs2WarpsPerSm = 24;
 template <typename T>
 Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
   *used = false;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return fail(SELSCAN_STATUS_CUDA_ERROR, "forward: cannot read the device's multiprocessor count");
+  const FwdChoice choice = fwd_choice();
+  int ks = 4;
+  if (choice == FwdChoice::ts2) {
+    ks = 2;
+  } else if (choice == FwdChoice::automatic) {
+    const int64_t tpc4 = (p.dstate + 3) / 4;
+    if (p.dstate <= 32 && p.batch * p.dim * tpc4 < static_cast<int64_t>(kTs2WarpsPerSm) * 32 * sms) ks = 2;
+  }
   ts::Cfg cfg;
-  if (!ts::plan(p, sms, Vec16<T>::kElems, &cfg)) return SELSCAN_STATUS_SUCCESS;
+  if (!ts::plan(p, ks, sms, Vec16<T>::kElems, choice != FwdChoice::automatic, &cfg)) return SELSCAN_STATUS_SUCCESS;
   *used = true;
   const int64_t blocks = p.batch * p.groups * cfg.tiles_per_group;
   if (blocks > 0x7fffffffLL)
     return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(cfg.ch) +
                                                 " exceeds the CUDA grid limit (2^31 - 1 blocks)");
   const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
-  auto* kernel = &ts::fwd_ts_kernel<T>;
+  auto* kernel = ks == 2 ? &ts::fwd_ts_kernel<T, 2> : &ts::fwd_ts_kernel<T, 4>;
   if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
   kernel<<<static_cast<unsigned>(blocks), cfg.ch * cfg.tpc, smem, stream>>>(p, cfg);
   const cudaError_t e = cudaGetLastError();
@@ -394,19 +420,14 @@ Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-// The configuration the library ships per (itype, real/complex): the thread-states kernel for real weights
-// and dstate <= 64, the warp-scan kernel otherwise. SELSCAN_FWD_KERNEL=warp forces the warp-scan kernel
-// (benchmark comparisons).
+// The configuration the library ships per (itype, real/complex): the thread-states kernel for real weights,
+// dstate <= 64 and enough parallelism; the warp-scan kernel otherwise (see fwd_choice for the override).
 template <typename T, bool kComplex>
 Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
   if constexpr (kComplex) {
     return launch_fwd_cfg<T, true, 8, 2>(p, stream);
   } else {
-    static const bool force_warp = [] {
-      const char* e = std::getenv("SELSCAN_FWD_KERNEL");
-      return e != nullptr && std::string(e) == "warp";
-    }();
-    if (!force_warp) {
+    if (fwd_choice() != FwdChoice::warp) {
       bool used = false;
       const Status s = launch_fwd_ts<T>(p, stream, &used);
       if (used || s != SELSCAN_STATUS_SUCCESS) return s;

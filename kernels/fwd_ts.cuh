@@ -1,17 +1,17 @@
-// The forward for real weights and dstate <= 64: every thread runs the recurrence of kS states of one channel
+// The forward for real weights and dstate <= 64: every thread runs the recurrence of KS (2 or 4) states of one channel
 // sequentially in time ("thread-states" mapping), so there is no scan across threads at all.
 //
 // Why: the warp-scan kernel (fwd.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
-// (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with kS independent chains per thread, so the kernel is
-// bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/kS) threads.
+// (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with KS independent chains per thread, so the kernel is
+// bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/KS) threads.
 //
-// Mapping: a block = (batch b, CH consecutive channels of one group), TPC = ceil(N/kS) (a power of 2) threads per
+// Mapping: a block = (batch b, CH consecutive channels of one group), TPC = ceil(N/KS) (a power of 2) threads per
 // channel. Time runs in tiles of TT steps; per tile:
 //   stage   : u/delta of the block's channels -> delta' = softplus(delta + bias) and delta'*u in shared memory
 //             (one 16-byte vector per thread and tensor, loaded during the previous tile's compute), variable B/C
-//             rows -> shared memory transposed to [t][n], so a thread reads its kS states of a step as one float4;
-//   compute : each thread advances its kS states TT steps and writes its partial y (sum over its states) per step;
+//             rows -> shared memory transposed to [t][n], so a thread reads its KS states of a step with one load;
+//   compute : each thread advances its KS states TT steps and writes its partial y (sum over its states) per step;
 //   epilogue: y = sum of the TPC partials + D u, out and out_z = y silu(z), as 16-byte vectors.
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
@@ -26,33 +26,47 @@
 
 namespace selscan::kern::ts {
 
-constexpr int kS = 4;           // states per thread
 constexpr int kMaxThreads = 128;
-constexpr int kMaxTpc = 16;     // threads per channel: dstate <= kS * kMaxTpc = 64
+constexpr int kMaxTpc = 16;     // threads per channel: dstate <= KS * kMaxTpc
+constexpr int kMinWarpsPerSm = 8;  // below this much parallelism the warp-scan kernel (fwd.cuh) is used
 
 // Launch shape, chosen on the host (launch_fwd_ts) and passed by value.
 struct Cfg {
+  int ks = 4;                   // states per thread (the kernel's KS)
   int tpc = 1;                  // threads per channel
   int ch = 1;                   // channels per block (blockDim.x = ch * tpc)
   int tt = 8;                   // time steps per tile (8, 16 or 32; divides kChunk)
   int64_t tiles_per_group = 1;  // channel tiles per group
 };
 
-// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] when variable, y partials
-// [threads][tt+4]. Rows padded by 4 floats keep float4 alignment and spread banks.
+// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*ks] when variable, y partials
+// [threads][tt+4], D u [ch][tt+4]. Rows padded by 4 floats keep float4 alignment and spread banks.
 __host__ __device__ inline int64_t smem_floats(const Cfg& c, bool var_B, bool var_C) {
   const int64_t row = c.tt + 4;
-  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS;
-  return 2 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
+  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * c.ks;
+  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
 }
 
-// The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
-// shared memory; otherwise bs/cc hold the constants. For constant B with variable C, `cm` multiplies C (the folded
-// B of upstream's convention, or 1).
-template <bool VB, bool VC>
-__device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float4* sB4,
-                                      const float4* sC4, int stride4, float* y_row, float (&h)[kS],
-                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
+// KS consecutive floats of shared memory (one 8- or 16-byte load).
+template <int KS>
+__device__ __forceinline__ void ld_states(const float* src, float (&v)[KS]) {
+  if constexpr (KS == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(src);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+  } else {
+    static_assert(KS == 2, "KS is 2 or 4");
+    const float2 q = *reinterpret_cast<const float2*>(src);
+    v[0] = q.x; v[1] = q.y;
+  }
+}
+
+// The compute phase: KS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
+// shared memory (sBk/sCk point at the thread's first state of step 0; rows of `np` floats); otherwise bs/cc hold
+// the constants. For constant B with variable C, `cc` multiplies C (the folded B of upstream's convention, or 1).
+template <bool VB, bool VC, int KS>
+__device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
+                                      const float* sCk, int np, float* y_row, float (&h)[KS],
+                                      const float (&a2)[KS], const float (&bs)[KS], const float (&cc)[KS],
                                       bool want_sum, float& dsum) {
   for (int t = 0; t < tt; t += 4) {
     const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
@@ -62,22 +76,18 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
     float y[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float bv[kS], cv[kS];
-      if constexpr (VB) {
-        const float4 q = sB4[(t + j) * stride4];
-        bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
-      }
+      float bv[KS], cv[KS];
+      if constexpr (VB) ld_states<KS>(sBk + (t + j) * np, bv);
       if constexpr (VC) {
-        const float4 q = sC4[(t + j) * stride4];
-        cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
+        ld_states<KS>(sCk + (t + j) * np, cv);
         if constexpr (!VB) {
 #pragma unroll
-          for (int s = 0; s < kS; ++s) cv[s] *= cc[s];
+          for (int s = 0; s < KS; ++s) cv[s] *= cc[s];
         }
       }
       float acc = 0.f;
 #pragma unroll
-      for (int s = 0; s < kS; ++s) {
+      for (int s = 0; s < KS; ++s) {
         const float a = exp2_fast(dl[j] * a2[s]);
         const float bb = (VB ? bv[s] : bs[s]) * du[j];
         h[s] = fmaf(a, h[s], bb);
@@ -90,7 +100,7 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
   }
 }
 
-template <typename T>
+template <typename T, int KS>
 __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   extern __shared__ float4 smem4[];
@@ -99,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
-  const int NP = TPC * kS;     // padded states
+  const int NP = TPC * KS;     // padded states
   const int ROW = TT + 4;
   const int64_t L = p.seqlen, N = p.dstate;
   const int64_t cpg = p.dim / p.groups;
@@ -117,15 +127,16 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   float* sB = sDu + CH * ROW;         // [TT][NP]
   float* sC = sB + (var_B ? TT * NP : 0);
   float* sY = sC + (var_C ? TT * NP : 0);  // [threads][ROW]
+  float* sUD = sY + nthreads * ROW;        // [CH][ROW]: D u, the skip term of y
 
-  // ---- compute role: channel cc of the block, states n = k*kS + s
+  // ---- compute role: channel cc of the block, states n = k*KS + s
   const int cc = tid / TPC, k = tid % TPC;
   const bool cactive = cc < nch;
   const int64_t d = g * cpg + c0 + (cactive ? cc : 0);
-  float a2[kS], bs[kS], cf[kS], h[kS], prun[kS];
+  float a2[KS], bs[KS], cf[KS], h[KS], prun[KS];
 #pragma unroll
-  for (int s = 0; s < kS; ++s) {
-    const int64_t n = static_cast<int64_t>(k) * kS + s;
+  for (int s = 0; s < KS; ++s) {
+    const int64_t n = static_cast<int64_t>(k) * KS + s;
     const bool ok = n < N;
     a2[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
     const float Bc = (ok && !var_B) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
@@ -155,13 +166,14 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   const T* u_row = static_cast<const T*>(p.u.p) + row(p.u);
   const T* dt_row = static_cast<const T*>(p.delta.p) + row(p.delta);
   const bool vec_in = aligned16(u_row) && aligned16(dt_row);
+  const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dq * p.D.s[0]) : 0.f;
   const float dbias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + dq * p.delta_bias.s[0]) : 0.f;
   const int qn = tid / vpr;
   const bool bact = qn < N;
   const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
 
-  uint4 ru, rdt, rB, rC, ru_cur, rz;  // next tile's inputs (loaded during the current tile's compute), current u, z
+  uint4 ru, rdt, rB, rC, rz;  // the next tile's inputs (loaded during the current tile's compute); z of this one
   const auto prefetch = [&](int64_t t0) {
     if (vact) {
       ru = load_row16(u_row, t0 + qt, L, vec_in);
@@ -185,10 +197,11 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
       }
 #pragma unroll
       for (int j = 0; j < V; j += 4) {
-        *reinterpret_cast<float4*>(sDl + qc * ROW + qt + j) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
-        *reinterpret_cast<float4*>(sDu + qc * ROW + qt + j) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
+        const int o = qc * ROW + qt + j;
+        *reinterpret_cast<float4*>(sDl + o) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
+        *reinterpret_cast<float4*>(sDu + o) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
+        *reinterpret_cast<float4*>(sUD + o) = make_float4(Dd * uu[j], Dd * uu[j + 1], Dd * uu[j + 2], Dd * uu[j + 3]);
       }
-      ru_cur = ru;
     }
     float v[V];
     if (B_row != nullptr) {
@@ -216,24 +229,23 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
       const float* du_row = sDu + cc * ROW;
-      const float4* sB4 = reinterpret_cast<const float4*>(sB) + k;
-      const float4* sC4 = reinterpret_cast<const float4*>(sC) + k;
+      const float* sBk = sB + k * KS;
+      const float* sCk = sC + k * KS;
       float* y_row = sY + tid * ROW;
-      const int st4 = NP / 4;
       if (var_B) {
-        if (var_C) steps<true, true>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<true, false>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<true, true, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<true, false, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       } else {
-        if (var_C) steps<false, true>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<false, false>(TT, dl_row, du_row, sB4, sC4, st4, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<false, true, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<false, false, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= L)) {
         // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
         float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
 #pragma unroll
-        for (int s = 0; s < kS; ++s) {
-          const int64_t n = static_cast<int64_t>(k) * kS + s;
+        for (int s = 0; s < KS; ++s) {
+          const int64_t n = static_cast<int64_t>(k) * KS + s;
           prun[s] *= exp2_fast(a2[s] * dsum);
           if (n < N) {
             xr[2 * n] = prun[s];
@@ -246,10 +258,14 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
     __syncthreads();  // sY complete; the tile's staged inputs are no longer read
     if (vact) {
       float y[V];
-      unpack16<T>(ru_cur, y);
-      const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dq * p.D.s[0]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) y[j] *= Dd;
+      for (int j = 0; j < V; j += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(sUD + qc * ROW + qt + j);
+        y[j] = v.x;
+        y[j + 1] = v.y;
+        y[j + 2] = v.z;
+        y[j + 3] = v.w;
+      }
       for (int kk = 0; kk < TPC; ++kk) {
         const float* yr = sY + (qc * TPC + kk) * ROW + qt;
 #pragma unroll
@@ -278,8 +294,8 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
 
   if (cactive && p.last_state.p != nullptr) {
 #pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      const int64_t n = static_cast<int64_t>(k) * kS + s;
+    for (int s = 0; s < KS; ++s) {
+      const int64_t n = static_cast<int64_t>(k) * KS + s;
       if (n >= N) continue;
       float hv = h[s];
       if (fold_B) hv *= __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]);  // true state = B H
@@ -288,13 +304,19 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   }
 }
 
-// The launch shape for p on a device with `sms` multiprocessors, or false when this kernel does not serve p
-// (complex weights, dstate > 64). Blocks shrink from 128 to 32 threads while that still leaves fewer than
-// 4 blocks per SM or idle channels; the tile is the longest whose staging takes one 16-byte vector per thread.
-inline bool plan(const Problem& p, int sms, int vec_elems, Cfg* out) {
-  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+// The launch shape for p with KS = ks states per thread on a device with `sms` multiprocessors, or false when
+// this kernel should not serve p: complex weights, dstate > ks * kMaxTpc, or too little parallelism (fewer than
+// kMinWarpsPerSm warps per SM: one long sequence, say), where the warp-scan kernel, which also spreads time over
+// lanes, is faster (H200, ks = 4: 1x2048x65536:16 8.56 ms here vs 2.25 ms; 1x5120x512:16 0.083 vs 0.058 ms).
+// Blocks shrink from 128 to 32 threads while that still leaves fewer than 4 blocks per SM or idle channels; the
+// tile is the longest whose staging takes one 16-byte vector per thread.
+// `forced` skips the parallelism rule (tests and benchmarks run this kernel on any shape it can serve).
+inline bool plan(const Problem& p, int ks, int sms, int vec_elems, bool forced, Cfg* out) {
+  if (p.is_complex || p.dstate > ks * kMaxTpc) return false;
   Cfg c;
-  while (c.tpc * kS < p.dstate) c.tpc *= 2;
+  c.ks = ks;
+  while (c.tpc * ks < p.dstate) c.tpc *= 2;
+  if (!forced && p.batch * p.dim * c.tpc < static_cast<int64_t>(kMinWarpsPerSm) * 32 * sms) return false;
   const int64_t cpg = p.dim / p.groups;
   const auto blocks = [&](int threads) {
     const int64_t ch = threads / c.tpc;
