@@ -370,48 +370,38 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-// Which forward kernel runs: SELSCAN_FWD_KERNEL=warp|ts2|ts4 forces one (tests and benchmark comparisons; a
-// forced ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto`
-// lets the launcher choose.
-enum class FwdChoice { automatic, warp, ts2, ts4 };
+// Which forward kernel runs: SELSCAN_FWD_KERNEL=warp|ts forces one (tests and benchmark comparisons; a forced
+// ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto` lets
+// the launcher choose.
+enum class FwdChoice { automatic, warp, ts };
 inline FwdChoice fwd_choice() {
   static const FwdChoice c = [] {
     const char* e = std::getenv("SELSCAN_FWD_KERNEL");
     const std::string v = e != nullptr ? e : "";
     if (v == "warp") return FwdChoice::warp;
-    if (v == "ts2") return FwdChoice::ts2;
-    if (v == "ts4") return FwdChoice::ts4;
+    if (v == "ts") return FwdChoice::ts;
     return FwdChoice::automatic;
   }();
   return c;
 }
 
-// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise. KS = 4 states per thread
-// unless that leaves fewer than kTs2WarpsPerSm warps per SM and dstate <= 32: then KS = 2 doubles the threads.
-constexpr int kTs2WarpsPerSm = 24;
+// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise.
 template <typename T>
 Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
   *used = false;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return fail(SELSCAN_STATUS_CUDA_ERROR, "forward: cannot read the device's multiprocessor count");
-  const FwdChoice choice = fwd_choice();
-  int ks = 4;
-  if (choice == FwdChoice::ts2) {
-    ks = 2;
-  } else if (choice == FwdChoice::automatic) {
-    const int64_t tpc4 = (p.dstate + 3) / 4;
-    if (p.dstate <= 32 && p.batch * p.dim * tpc4 < static_cast<int64_t>(kTs2WarpsPerSm) * 32 * sms) ks = 2;
-  }
   ts::Cfg cfg;
-  if (!ts::plan(p, ks, sms, Vec16<T>::kElems, choice != FwdChoice::automatic, &cfg)) return SELSCAN_STATUS_SUCCESS;
+  if (!ts::plan(p, sms, Vec16<T>::kElems, fwd_choice() == FwdChoice::ts, &cfg)) return SELSCAN_STATUS_SUCCESS;
   *used = true;
   const int64_t blocks = p.batch * p.groups * cfg.tiles_per_group;
   if (blocks > 0x7fffffffLL)
     return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(cfg.ch) +
                                                 " exceeds the CUDA grid limit (2^31 - 1 blocks)");
   const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
-  auto* kernel = ks == 2 ? &ts::fwd_ts_kernel<T, 2> : &ts::fwd_ts_kernel<T, 4>;
+  const int64_t warps = p.batch * p.dim * cfg.tpc / 32;
+  auto* kernel = warps > 16LL * sms ? &ts::fwd_ts_kernel<T, 5> : &ts::fwd_ts_kernel<T, 4>;
   if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
   kernel<<<static_cast<unsigned>(blocks), cfg.ch * cfg.tpc, smem, stream>>>(p, cfg);
   const cudaError_t e = cudaGetLastError();

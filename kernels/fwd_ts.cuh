@@ -1,17 +1,17 @@
-// The forward for real weights and dstate <= 64: every thread runs the recurrence of KS (2 or 4) states of one channel
+// The forward for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of one channel
 // sequentially in time ("thread-states" mapping), so there is no scan across threads at all.
 //
 // Why: the warp-scan kernel (fwd.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
-// (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with KS independent chains per thread, so the kernel is
-// bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/KS) threads.
+// (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with kS independent chains per thread, so the kernel is
+// bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/kS) threads.
 //
-// Mapping: a block = (batch b, CH consecutive channels of one group), TPC = ceil(N/KS) (a power of 2) threads per
+// Mapping: a block = (batch b, CH consecutive channels of one group), TPC = ceil(N/kS) (a power of 2) threads per
 // channel. Time runs in tiles of TT steps; per tile:
 //   stage   : u/delta of the block's channels -> delta' = softplus(delta + bias) and delta'*u in shared memory
 //             (one 16-byte vector per thread and tensor, loaded during the previous tile's compute), variable B/C
-//             rows -> shared memory transposed to [t][n], so a thread reads its KS states of a step with one load;
-//   compute : each thread advances its KS states TT steps and writes its partial y (sum over its states) per step;
+//             rows -> shared memory transposed to [t][n], so a thread reads its kS states of a step as one float4;
+//   compute : each thread advances its kS states TT steps and writes its partial y (sum over its states) per step;
 //   epilogue: y = sum of the TPC partials + D u, out and out_z = y silu(z), as 16-byte vectors.
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
@@ -26,47 +26,35 @@
 
 namespace selscan::kern::ts {
 
+constexpr int kS = 4;  // states per thread (KS = 2 measured slower on every H200 row: more threads, more overhead)
 constexpr int kMaxThreads = 128;
-constexpr int kMaxTpc = 16;     // threads per channel: dstate <= KS * kMaxTpc
+constexpr int kMaxTpc = 8;      // threads per channel: dstate <= kS * kMaxTpc = 32 (at 64 the warp-scan kernel
+                                // was faster: 0.909 vs 0.992 ms on 4x2048x2048:64)
 constexpr int kMinWarpsPerSm = 8;  // below this much parallelism the warp-scan kernel (fwd.cuh) is used
 
 // Launch shape, chosen on the host (launch_fwd_ts) and passed by value.
 struct Cfg {
-  int ks = 4;                   // states per thread (the kernel's KS)
   int tpc = 1;                  // threads per channel
   int ch = 1;                   // channels per block (blockDim.x = ch * tpc)
   int tt = 8;                   // time steps per tile (8, 16 or 32; divides kChunk)
   int64_t tiles_per_group = 1;  // channel tiles per group
 };
 
-// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*ks] when variable, y partials
-// [threads][tt+4], D u [ch][tt+4]. Rows padded by 4 floats keep float4 alignment and spread banks.
+// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] when variable, y partials
+// [threads][tt+4], D u [ch][tt+4] (used for fp32 only, see kUdInSmem). Rows padded by 4 floats keep float4 alignment and spread banks.
 __host__ __device__ inline int64_t smem_floats(const Cfg& c, bool var_B, bool var_C) {
   const int64_t row = c.tt + 4;
-  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * c.ks;
+  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS;
   return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
 }
 
-// KS consecutive floats of shared memory (one 8- or 16-byte load).
-template <int KS>
-__device__ __forceinline__ void ld_states(const float* src, float (&v)[KS]) {
-  if constexpr (KS == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(src);
-    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-  } else {
-    static_assert(KS == 2, "KS is 2 or 4");
-    const float2 q = *reinterpret_cast<const float2*>(src);
-    v[0] = q.x; v[1] = q.y;
-  }
-}
-
-// The compute phase: KS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
+// The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
 // shared memory (sBk/sCk point at the thread's first state of step 0; rows of `np` floats); otherwise bs/cc hold
 // the constants. For constant B with variable C, `cc` multiplies C (the folded B of upstream's convention, or 1).
-template <bool VB, bool VC, int KS>
+template <bool VB, bool VC>
 __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
-                                      const float* sCk, int np, float* y_row, float (&h)[KS],
-                                      const float (&a2)[KS], const float (&bs)[KS], const float (&cc)[KS],
+                                      const float* sCk, int np, float* y_row, float (&h)[kS],
+                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
                                       bool want_sum, float& dsum) {
   for (int t = 0; t < tt; t += 4) {
     const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
@@ -76,18 +64,22 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
     float y[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float bv[KS], cv[KS];
-      if constexpr (VB) ld_states<KS>(sBk + (t + j) * np, bv);
+      float bv[kS], cv[kS];
+      if constexpr (VB) {
+        const float4 q = *reinterpret_cast<const float4*>(sBk + (t + j) * np);
+        bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+      }
       if constexpr (VC) {
-        ld_states<KS>(sCk + (t + j) * np, cv);
+        const float4 q = *reinterpret_cast<const float4*>(sCk + (t + j) * np);
+        cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
         if constexpr (!VB) {
 #pragma unroll
-          for (int s = 0; s < KS; ++s) cv[s] *= cc[s];
+          for (int s = 0; s < kS; ++s) cv[s] *= cc[s];
         }
       }
       float acc = 0.f;
 #pragma unroll
-      for (int s = 0; s < KS; ++s) {
+      for (int s = 0; s < kS; ++s) {
         const float a = exp2_fast(dl[j] * a2[s]);
         const float bb = (VB ? bv[s] : bs[s]) * du[j];
         h[s] = fmaf(a, h[s], bb);
@@ -100,8 +92,11 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
   }
 }
 
-template <typename T, int KS>
-__global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p, const Cfg cfg) {
+// MINB: the launch-bounds occupancy hint. 4 (128 registers, no spills) is fastest while the grid has at most
+// 16 warps per SM to offer; above that 5 (96 registers, spills outside the state loop) wins (H200:
+// 4x5120x2048:16 0.477 vs 0.622 ms; 8x1536x2048:16 0.414 vs 0.322 ms).
+template <typename T, int MINB>
+__global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -109,7 +104,7 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
-  const int NP = TPC * KS;     // padded states
+  const int NP = TPC * kS;     // padded states
   const int ROW = TT + 4;
   const int64_t L = p.seqlen, N = p.dstate;
   const int64_t cpg = p.dim / p.groups;
@@ -129,14 +124,14 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   float* sY = sC + (var_C ? TT * NP : 0);  // [threads][ROW]
   float* sUD = sY + nthreads * ROW;        // [CH][ROW]: D u, the skip term of y
 
-  // ---- compute role: channel cc of the block, states n = k*KS + s
+  // ---- compute role: channel cc of the block, states n = k*kS + s
   const int cc = tid / TPC, k = tid % TPC;
   const bool cactive = cc < nch;
   const int64_t d = g * cpg + c0 + (cactive ? cc : 0);
-  float a2[KS], bs[KS], cf[KS], h[KS], prun[KS];
+  float a2[kS], bs[kS], cf[kS], h[kS], prun[kS];
 #pragma unroll
-  for (int s = 0; s < KS; ++s) {
-    const int64_t n = static_cast<int64_t>(k) * KS + s;
+  for (int s = 0; s < kS; ++s) {
+    const int64_t n = static_cast<int64_t>(k) * kS + s;
     const bool ok = n < N;
     a2[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
     const float Bc = (ok && !var_B) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
@@ -173,7 +168,11 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
 
-  uint4 ru, rdt, rB, rC, rz;  // the next tile's inputs (loaded during the current tile's compute); z of this one
+  // Where the epilogue finds D u: fp16/bf16 keep the raw u vector in registers (4 registers); fp32 stages D u in
+  // shared memory. Each was the faster on the H200 for its itype (8x1536x2048:16 bf16 0.268 vs 0.322 ms; fp32
+  // 0.308 vs 0.394 ms), through register allocation rather than by instruction count.
+  constexpr bool kUdInSmem = sizeof(T) == 4;
+  uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
   const auto prefetch = [&](int64_t t0) {
     if (vact) {
       ru = load_row16(u_row, t0 + qt, L, vec_in);
@@ -200,8 +199,10 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
         const int o = qc * ROW + qt + j;
         *reinterpret_cast<float4*>(sDl + o) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
         *reinterpret_cast<float4*>(sDu + o) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
-        *reinterpret_cast<float4*>(sUD + o) = make_float4(Dd * uu[j], Dd * uu[j + 1], Dd * uu[j + 2], Dd * uu[j + 3]);
+        if constexpr (kUdInSmem)
+          *reinterpret_cast<float4*>(sUD + o) = make_float4(Dd * uu[j], Dd * uu[j + 1], Dd * uu[j + 2], Dd * uu[j + 3]);
       }
+      if constexpr (!kUdInSmem) ru_cur = ru;
     }
     float v[V];
     if (B_row != nullptr) {
@@ -229,23 +230,23 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
       const float* du_row = sDu + cc * ROW;
-      const float* sBk = sB + k * KS;
-      const float* sCk = sC + k * KS;
+      const float* sBk = sB + k * kS;
+      const float* sCk = sC + k * kS;
       float* y_row = sY + tid * ROW;
       if (var_B) {
-        if (var_C) steps<true, true, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<true, false, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<true, true>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<true, false>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       } else {
-        if (var_C) steps<false, true, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<false, false, KS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<false, true>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<false, false>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= L)) {
         // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
         float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
 #pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          const int64_t n = static_cast<int64_t>(k) * KS + s;
+        for (int s = 0; s < kS; ++s) {
+          const int64_t n = static_cast<int64_t>(k) * kS + s;
           prun[s] *= exp2_fast(a2[s] * dsum);
           if (n < N) {
             xr[2 * n] = prun[s];
@@ -258,13 +259,19 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
     __syncthreads();  // sY complete; the tile's staged inputs are no longer read
     if (vact) {
       float y[V];
+      if constexpr (kUdInSmem) {
 #pragma unroll
-      for (int j = 0; j < V; j += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(sUD + qc * ROW + qt + j);
-        y[j] = v.x;
-        y[j + 1] = v.y;
-        y[j + 2] = v.z;
-        y[j + 3] = v.w;
+        for (int j = 0; j < V; j += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(sUD + qc * ROW + qt + j);
+          y[j] = v.x;
+          y[j + 1] = v.y;
+          y[j + 2] = v.z;
+          y[j + 3] = v.w;
+        }
+      } else {
+        unpack16<T>(ru_cur, y);
+#pragma unroll
+        for (int j = 0; j < V; ++j) y[j] *= Dd;
       }
       for (int kk = 0; kk < TPC; ++kk) {
         const float* yr = sY + (qc * TPC + kk) * ROW + qt;
@@ -294,8 +301,8 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
 
   if (cactive && p.last_state.p != nullptr) {
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      const int64_t n = static_cast<int64_t>(k) * KS + s;
+    for (int s = 0; s < kS; ++s) {
+      const int64_t n = static_cast<int64_t>(k) * kS + s;
       if (n >= N) continue;
       float hv = h[s];
       if (fold_B) hv *= __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]);  // true state = B H
@@ -304,18 +311,17 @@ __global__ void __launch_bounds__(kMaxThreads, 4) fwd_ts_kernel(const Problem p,
   }
 }
 
-// The launch shape for p with KS = ks states per thread on a device with `sms` multiprocessors, or false when
-// this kernel should not serve p: complex weights, dstate > ks * kMaxTpc, or too little parallelism (fewer than
+// The launch shape for p on a device with `sms` multiprocessors, or false when this kernel should not serve p:
+// complex weights, dstate > kS * kMaxTpc, or too little parallelism (fewer than
 // kMinWarpsPerSm warps per SM: one long sequence, say), where the warp-scan kernel, which also spreads time over
-// lanes, is faster (H200, ks = 4: 1x2048x65536:16 8.56 ms here vs 2.25 ms; 1x5120x512:16 0.083 vs 0.058 ms).
+// lanes, is faster (H200: 1x2048x65536:16 8.56 ms here vs 2.25 ms; 1x5120x512:16 0.083 vs 0.058 ms).
 // Blocks shrink from 128 to 32 threads while that still leaves fewer than 4 blocks per SM or idle channels; the
 // tile is the longest whose staging takes one 16-byte vector per thread.
 // `forced` skips the parallelism rule (tests and benchmarks run this kernel on any shape it can serve).
-inline bool plan(const Problem& p, int ks, int sms, int vec_elems, bool forced, Cfg* out) {
-  if (p.is_complex || p.dstate > ks * kMaxTpc) return false;
+inline bool plan(const Problem& p, int sms, int vec_elems, bool forced, Cfg* out) {
+  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
   Cfg c;
-  c.ks = ks;
-  while (c.tpc * ks < p.dstate) c.tpc *= 2;
+  while (c.tpc * kS < p.dstate) c.tpc *= 2;
   if (!forced && p.batch * p.dim * c.tpc < static_cast<int64_t>(kMinWarpsPerSm) * 32 * sms) return false;
   const int64_t cpg = p.dim / p.groups;
   const auto blocks = [&](int threads) {
