@@ -64,12 +64,8 @@ def test_golden_forward(name):
     assert_close("last_state", last, a["last_state"], rtol, atol)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_golden_backward(name):
-    meta, a = load(name)
-    args, kw = inputs(meta, a)
-    dout = a["dout"].astype(np.float16) if meta["itype"] == "fp16" else a["dout"]
-    g = selscan.selective_scan_bwd(dout, *args, **kw)
+def check_grads(meta, a, g):
+    """Gradients against the golden ones with the tolerances of upstream's test_selective_scan."""
     rtol, atol = TOL[meta["itype"]]
     rtolw, atolw = 1e-3, 1e-3
     if meta["has_z"]:
@@ -84,6 +80,72 @@ def test_golden_backward(name):
             assert_close(k, g[k], a[k], rtolw, atolw)
         else:
             assert g[k] is None
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_backward(name):
+    meta, a = load(name)
+    args, kw = inputs(meta, a)
+    dout = a["dout"].astype(np.float16) if meta["itype"] == "fp16" else a["dout"]
+    check_grads(meta, a, selscan.selective_scan_bwd(dout, *args, **kw))
+
+
+def torch_cuda_skip_reason():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if selscan.cuda_device_count() == 0:
+        return "libselscan was built without CUDA or sees no device (" + selscan.build_info() + ")"
+    try:
+        selscan.check_device(torch.cuda.current_device())
+    except selscan.SelscanError as e:
+        return f"this libselscan build cannot run on the device: {e}"
+    return None
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_torch_cuda_drop_in(name):
+    """Issue #5's migration check: upstream's golden cases through selscan.torch.selective_scan_fn on CUDA tensors,
+    forward and autograd backward, against upstream's own outputs and gradients."""
+    reason = torch_cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import torch
+    from selscan.torch import selective_scan_fn
+
+    meta, a = load(name)
+    io_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[meta["itype"]]
+
+    def leaf(key, io):
+        x = a.get(key)
+        if x is None:
+            return None
+        t = torch.from_numpy(np.ascontiguousarray(x)).cuda()
+        if io:
+            t = t.to(io_dtype)
+        return t.requires_grad_(True)
+
+    u, delta, z = leaf("u", True), leaf("delta", True), leaf("z", True)
+    A, D, bias = leaf("A", False), leaf("D", False), leaf("delta_bias", False)
+    B, C = leaf("B", meta["variable_B"]), leaf("C", meta["variable_C"])
+    out, last = selective_scan_fn(u, delta, A, B, C, D, z, bias, delta_softplus=bool(meta["delta_softplus"]),
+                                  return_last_state=True)
+    assert out.is_cuda and out.dtype == io_dtype
+
+    def host(t):
+        t = t.detach().cpu()
+        return (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy()
+
+    rtol, atol = TOL[meta["itype"]]
+    assert_close("out", host(out), a["out"], rtol, atol)
+    assert_close("last_state", host(last), a["last_state"], rtol, atol)
+    out.backward(torch.from_numpy(np.ascontiguousarray(a["dout"])).cuda().to(io_dtype))
+    names = (("du", u), ("ddelta", delta), ("dA", A), ("dB", B), ("dC", C), ("dD", D), ("dz", z),
+             ("ddelta_bias", bias))
+    check_grads(meta, a, {k: None if t is None else host(t.grad) for k, t in names})
 
 
 @pytest.mark.parametrize("name", CASES)
