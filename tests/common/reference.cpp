@@ -1,5 +1,6 @@
 #include "reference.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace selscan_test {
@@ -25,6 +26,95 @@ cd b_at(const RefProblem& p, int64_t b, int64_t d, int64_t n, int64_t t) {
 }
 cd c_at(const RefProblem& p, int64_t b, int64_t d, int64_t n, int64_t t) {
   return p.var_C ? p.C[p.bgnl(b, p.group(d), n, t)] : p.C[p.dn(d, n)];
+}
+
+
+// The condition scales of the reduced gradients: what state (b, d, n) adds to them (RefBwd::cond_*,
+// docs/numerics.md, "Conditioning-aware tolerance of the reduced gradients"), in units of u.
+//
+// Error model (as RefFwd's M): every step computes ā_t with relative error <= (1 + |δ_t A|) u and every
+// product and sum with relative error <= u. Then the forward state's error obeys e_h(t) = ā_t e_h(t-1) + ε_h(t)
+// with |ε_h(t)| <= βh(t) u, βh(t) = (1 + |δ_t A|) |ā_t h(t-1)| + |b̄_t|, and the state gradient's (dh(t) =
+// κ dy_t conj(C_t) + conj(ā_{t+1}) dh(t+1)) obeys e_g(t) = conj(ā_{t+1}) e_g(t+1) + ε_g(t) with
+// βg(t) = (1 + |δ_{t+1} A|) |ā_{t+1} dh(t+1)| + |κ dy_t C_t|.
+//
+// A reduced gradient R = Σ_t T_t gets:
+//  * Σ_t |T_t| (its products' and its sum's roundings), times (1 + |δ_t A|) where T_t holds ā_t;
+//  * from the recurrences, R's first-order error Σ_t (α_t e_g(t) + γ_t conj(e_h(t))) = Σ_s (W_s ε_g(s) +
+//    Z_s conj(ε_h(s))), at most Σ_s (βg(s) |W_s| + βh(s) |Z_s|) u whatever the signs of the step errors. The
+//    adjoints W_s = α_s + conj(ā_s) W_{s-1} and Z_s = γ_s + conj(ā_{s+1}) Z_{s+1} keep the signs of the
+//    terms, so terms of opposite sign that share one state error do not add up their bounds.
+// A variable dB/dC element holds one term per channel: |T| + |∂T/∂dh| Mg(t) (or |∂T/∂h| Mh(t)), where the
+// running bounds Mh(t) = |ā_t| Mh(t-1) + βh(t) and Mg(t) = |ā_{t+1}| Mg(t+1) + βg(t) are the adjoint bound of
+// a single term. Batches, channels and states carry independent errors: their bounds add.
+void add_cond(const RefProblem& p, int64_t b, int64_t d, int64_t n, const std::vector<double>& dt,
+              const std::vector<double>& dy, const std::vector<double>& sp, const std::vector<cd>& hist,
+              const std::vector<cd>& dh, RefBwd& g) {
+  const int64_t L = p.L;
+  const double kappa = p.cplx ? 2.0 : 1.0;
+  const cd A = p.A[p.dn(d, n)];
+  std::vector<cd> av(static_cast<size_t>(L));
+  for (int64_t t = 0; t < L; ++t) av[t] = std::exp(dt[t] * A);
+  auto abar = [&](int64_t t) { return av[t]; };
+  auto ea = [&](int64_t t) { return 1.0 + std::abs(dt[t] * A); };
+  auto u = [&](int64_t t) { return p.u[p.bdl(b, d, t)]; };
+  auto beta_h = [&](int64_t t) {
+    return ea(t) * std::abs(abar(t) * hist[t]) + std::abs(b_at(p, b, d, n, t) * (dt[t] * u(t)));
+  };
+  auto beta_g = [&](int64_t t) {
+    const double c = std::abs(kappa * dy[t] * c_at(p, b, d, n, t));
+    return t + 1 < L ? c + ea(t + 1) * std::abs(abar(t + 1) * dh[t + 1]) : c;
+  };
+  const size_t dn = static_cast<size_t>(p.dn(d, n));
+  double cA = 0.0, cB = 0.0, cC = 0.0, cbias = 0.0;  // the constant-B/C, dA and ddelta_bias scales
+
+  // Forward in time: the local terms, the forward running bound Mh (variable dC), the adjoints W of the
+  // state gradient's errors (α: dA conj(δ ā) conj(h(t-1)); constant dB δ u; ddelta_bias sp (u conj(B) +
+  // conj(A ā) conj(h(t-1))), the factor of dh(t) in each term).
+  double Mh = 0.0;
+  cd WA = 0.0, WB = 0.0, Wd = 0.0;
+  for (int64_t t = 0; t < L; ++t) {
+    const cd a = abar(t), Bt = b_at(p, b, d, n, t), hm = hist[t];
+    Mh = std::abs(a) * Mh + beta_h(t);
+    const double bg = beta_g(t);
+    const cd ca = std::conj(a);
+    WA = ca * WA + std::conj(dt[t] * a) * std::conj(hm);
+    WB = ca * WB + dt[t] * u(t);
+    Wd = ca * Wd + sp[t] * (u(t) * std::conj(Bt) + std::conj(A * a) * std::conj(hm));
+    cA += ea(t) * std::abs(dt[t] * a * dh[t] * hm) + bg * std::abs(WA);
+    const double tB = std::abs(dh[t] * (dt[t] * u(t)));
+    if (p.var_B) g.cond_dB[static_cast<size_t>(p.bgnl(b, p.group(d), n, t))] += tB;  // + |δ u| Mg below
+    else cB += tB + bg * std::abs(WB);
+    const double tC = kappa * std::abs(dy[t]) * std::abs(hist[t + 1]);
+    if (p.var_C) g.cond_dC[static_cast<size_t>(p.bgnl(b, p.group(d), n, t))] += tC + kappa * std::abs(dy[t]) * Mh;
+    else cC += tC;
+    cbias += sp[t] * (std::abs(u(t) * dh[t] * Bt) + ea(t) * std::abs(A * a * dh[t] * hm)) + bg * std::abs(Wd);
+  }
+  // Backward in time: the backward running bound Mg (variable dB) and the adjoints Z of the forward state's
+  // errors (γ, the factor of conj(h(s)) in each term: dA conj(δ ā_{s+1}) dh(s+1) and ddelta_bias
+  // sp conj(A ā_{s+1}) dh(s+1) through h(s) = hist[s+1] at step s+1; constant dC κ dy_s at step s).
+  double Mg = 0.0;
+  cd ZA = 0.0, ZC = 0.0, Zd = 0.0;
+  for (int64_t s = L - 1; s >= 0; --s) {
+    Mg = (s + 1 < L ? std::abs(abar(s + 1)) * Mg : 0.0) + beta_g(s);
+    if (p.var_B) g.cond_dB[static_cast<size_t>(p.bgnl(b, p.group(d), n, s))] += std::abs(dt[s] * u(s)) * Mg;
+    if (s + 1 < L) {
+      const cd a1 = abar(s + 1), ca1 = std::conj(a1);
+      ZA = ca1 * ZA + std::conj(dt[s + 1] * a1) * dh[s + 1];
+      Zd = ca1 * Zd + sp[s + 1] * std::conj(A * a1) * dh[s + 1];
+      ZC = ca1 * ZC + kappa * dy[s];
+    } else {
+      ZC = kappa * dy[s];
+    }
+    const double bh = beta_h(s);
+    cA += bh * std::abs(ZA);
+    cC += bh * std::abs(ZC);
+    cbias += bh * std::abs(Zd);
+  }
+  g.cond_dA[dn] += cA;
+  if (!p.var_B) g.cond_dB[dn] += cB;
+  if (!p.var_C) g.cond_dC[dn] += cC;
+  g.cond_dbias[static_cast<size_t>(d)] += cbias;
 }
 
 }  // namespace
@@ -86,7 +176,7 @@ RefFwd ref_forward(const RefProblem& p, bool with_cond) {
   return r;
 }
 
-RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout) {
+RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond) {
   const RefFwd f = ref_forward(p);
   const double kappa = p.cplx ? 2.0 : 1.0;
   RefBwd g;
@@ -100,12 +190,21 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout) {
   g.dD.assign(static_cast<size_t>(p.D), 0.0);
   g.dbias.assign(static_cast<size_t>(p.D), 0.0);
   g.dh0.assign(static_cast<size_t>(p.Bt * p.D * p.N), 0.0);
+  if (with_cond) {
+    g.cond_dA.assign(g.dA.size(), 0.0);
+    g.cond_dB.assign(g.dB.size(), 0.0);
+    g.cond_dC.assign(g.dC.size(), 0.0);
+    g.cond_dD.assign(g.dD.size(), 0.0);
+    g.cond_dbias.assign(g.dbias.size(), 0.0);
+  }
 
-  std::vector<double> dt, pre, dy(static_cast<size_t>(p.L));
+  std::vector<double> dt, pre, dy(static_cast<size_t>(p.L)), sp(static_cast<size_t>(p.L));
   std::vector<cd> hist(static_cast<size_t>(p.L + 1));  // hist[t+1] = h_t, hist[0] = h_{-1}
+  std::vector<cd> dhs(with_cond ? static_cast<size_t>(p.L) : 0);  // with_cond: dh_t
   for (int64_t b = 0; b < p.Bt; ++b)
     for (int64_t d = 0; d < p.D; ++d) {
       row_delta(p, b, d, dt, pre);
+      for (int64_t t = 0; t < p.L; ++t) sp[t] = p.softplus ? (pre[t] <= 20.0 ? sigmoid(pre[t]) : 1.0) : 1.0;
       // Gate: out_z = y z sigmoid(z).
       for (int64_t t = 0; t < p.L; ++t) {
         const int64_t i = p.bdl(b, d, t);
@@ -122,6 +221,7 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout) {
         const int64_t i = p.bdl(b, d, t);
         g.du[i] += Dd * dy[t];
         g.dD[d] += dy[t] * p.u[i];
+        if (with_cond) g.cond_dD[d] += std::abs(dy[t] * p.u[i]);
       }
       for (int64_t n = 0; n < p.N; ++n) {
         const cd A = p.A[p.dn(d, n)];
@@ -134,6 +234,7 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout) {
           const cd a = std::exp(dt[t] * A);
           const cd Bt = b_at(p, b, d, n, t), Ct = c_at(p, b, d, n, t);
           const cd dh = kappa * dy[t] * std::conj(Ct) + carry;  // total gradient w.r.t. h_t
+          if (with_cond) dhs[t] = dh;
           const double g_du = (dh * std::conj(Bt)).real();    // w.r.t. the real δ_t u_t
           g.du[i] += g_du * dt[t];
           g.ddelta[i] += g_du * p.u[i];
@@ -149,14 +250,67 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout) {
           carry = std::conj(a) * dh;
         }
         g.dh0[p.bdn(b, d, n)] = carry;
+        if (with_cond) add_cond(p, b, d, n, dt, dy, sp, hist, dhs, g);
       }
       for (int64_t t = 0; t < p.L; ++t) {
         const int64_t i = p.bdl(b, d, t);
-        if (p.softplus) g.ddelta[i] *= pre[t] <= 20.0 ? sigmoid(pre[t]) : 1.0;
+        if (p.softplus) g.ddelta[i] *= sp[t];
         g.dbias[d] += g.ddelta[i];
       }
     }
   return g;
+}
+
+RefProblem restrict_problem(const RefProblem& p, const std::vector<int64_t>& ch, const std::vector<int64_t>& st) {
+  RefProblem r = p;
+  const int64_t K = static_cast<int64_t>(ch.size()), S = static_cast<int64_t>(st.size());
+  r.D = K, r.N = S, r.G = 1;
+  const bool var = p.var_B || p.var_C;
+  const int64_t grp = var && K > 0 ? p.group(ch[0]) : 0;
+  r.u = restrict_bdl(p, p.u, ch);
+  r.delta = restrict_bdl(p, p.delta, ch);
+  if (p.has_z) r.z = restrict_bdl(p, p.z, ch);
+  r.A.assign(static_cast<size_t>(K * S), 0.0);
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < S; ++j) r.A[r.dn(i, j)] = p.A[p.dn(ch[i], st[j])];
+  auto bc = [&](bool v, const std::vector<cd>& src, std::vector<cd>& dst) {
+    if (!v) {
+      dst.assign(static_cast<size_t>(K * S), 0.0);
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < S; ++j) dst[r.dn(i, j)] = src[p.dn(ch[i], st[j])];
+      return;
+    }
+    dst.assign(static_cast<size_t>(p.Bt * S * p.L), 0.0);
+    for (int64_t b = 0; b < p.Bt; ++b)
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t t = 0; t < p.L; ++t) dst[r.bgnl(b, 0, j, t)] = src[p.bgnl(b, grp, st[j], t)];
+  };
+  bc(p.var_B, p.B, r.B);
+  bc(p.var_C, p.C, r.C);
+  if (p.has_D) {
+    r.Dv.clear();
+    for (int64_t d : ch) r.Dv.push_back(p.Dv[d]);
+  }
+  if (p.has_bias) {
+    r.bias.clear();
+    for (int64_t d : ch) r.bias.push_back(p.bias[d]);
+  }
+  if (p.has_h0) {
+    r.h0.assign(static_cast<size_t>(p.Bt * K * S), 0.0);
+    for (int64_t b = 0; b < p.Bt; ++b)
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < S; ++j) r.h0[r.bdn(b, i, j)] = p.h0[p.bdn(b, ch[i], st[j])];
+  }
+  return r;
+}
+
+std::vector<double> restrict_bdl(const RefProblem& p, const std::vector<double>& v, const std::vector<int64_t>& ch) {
+  std::vector<double> r;
+  r.reserve(static_cast<size_t>(p.Bt) * ch.size() * static_cast<size_t>(p.L));
+  for (int64_t b = 0; b < p.Bt; ++b)
+    for (int64_t d : ch)
+      for (int64_t t = 0; t < p.L; ++t) r.push_back(v[p.bdl(b, d, t)]);
+  return r;
 }
 
 double ref_loss(const RefProblem& p, const std::vector<double>& dout) {
@@ -165,6 +319,14 @@ double ref_loss(const RefProblem& p, const std::vector<double>& dout) {
   double s = 0.0;
   for (size_t i = 0; i < o.size(); ++i) s += dout[i] * o[i];
   return s;
+}
+
+std::vector<double> flatten_cond(const std::vector<double>& v, bool cplx) {
+  if (!cplx) return v;
+  std::vector<double> r;
+  r.reserve(2 * v.size());
+  for (double x : v) r.insert(r.end(), 2, x);
+  return r;
 }
 
 std::vector<double> flatten(const std::vector<cd>& v, bool cplx) {

@@ -52,18 +52,40 @@ struct RefBwd {
   std::vector<cd> dB, dC;              // shaped like B, C
   std::vector<double> dD, dbias;       // (D)
   std::vector<cd> dh0;                 // (Bt, D, N)
+  // Condition scales of the reduced gradients (only with ref_backward(p, dout, true)), in units of u = 2^-24:
+  // each bounds |g_fp32 - g| / u to first order, one value per (complex) element. A reduced gradient is a sum of
+  // terms T (over batch and time; variable dB/dC over a group's channels; ddelta_bias also over states); its
+  // scale is sum |T| (the rounding of the products and of the sum) plus the first-order error the terms carry
+  // in from the forward state h and the state gradient dh, worst case over the signs of the per-step errors
+  // (adjoints of the two scans; for a single term, RefFwd's running bound M and its backward twin), and
+  // |δ A| |T| where T holds ā directly. See docs/numerics.md, "Conditioning-aware tolerance of the reduced
+  // gradients", and add_cond in reference.cpp.
+  std::vector<double> cond_dA;              // (D, N)
+  std::vector<double> cond_dB, cond_dC;     // shaped like B, C
+  std::vector<double> cond_dD, cond_dbias;  // (D)
 };
 
 // `with_cond` also fills cond_y / cond_out_z (a few more operations in the same recurrence).
 RefFwd ref_forward(const RefProblem& p, bool with_cond = false);
 // dout: gradient of the final output (out_z when z is given, else y). Gradients follow PyTorch's convention
 // for complex inputs of a real loss (dL/dRe + i dL/dIm).
-RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout);
+// `with_cond` also fills the cond_* scales of the reduced gradients.
+RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond = false);
+// The problem restricted to some channels and states (every batch and step): channels `ch` of p become channels
+// 0.. and states `st` become states 0... With variable B or C every channel of `ch` must be in one group, which
+// becomes the only group. dA, constant dB/dC and their scales at (i, j) are p's at (ch[i], st[j]); dD,
+// ddelta_bias and variable dB/dC equal p's (and their scales) only when `st` holds every state, resp. when `ch`
+// is the whole group. `restrict_bdl` restricts a (Bt, D, L) array such as dout the same way.
+RefProblem restrict_problem(const RefProblem& p, const std::vector<int64_t>& ch, const std::vector<int64_t>& st);
+std::vector<double> restrict_bdl(const RefProblem& p, const std::vector<double>& v, const std::vector<int64_t>& ch);
 // sum(dout * final output), the scalar whose gradient ref_backward computes (for finite differences).
 double ref_loss(const RefProblem& p, const std::vector<double>& dout);
 
 // Flatten complex values for comparison with a tensor's values(): interleaved re/im when `cplx`, else the
 // real parts.
 std::vector<double> flatten(const std::vector<cd>& v, bool cplx);
+// A per-element scale laid out like flatten(): each value twice (re, im) when `cplx`. A bound on the modulus
+// of a complex error bounds both parts.
+std::vector<double> flatten_cond(const std::vector<double>& v, bool cplx);
 
 }  // namespace selscan_test
