@@ -170,33 +170,6 @@ __device__ __forceinline__ void st_w(void* base, int64_t off, typename WT<kC>::W
   else static_cast<float*>(base)[off] = v;
 }
 
-// n consecutive itype values of a row starting at element e0 into floats; elements at or past `lim` read as 0.
-// 16-byte loads when the row is aligned and the run is whole (n * sizeof(T) is a multiple of 16).
-template <typename T, int n>
-__device__ __forceinline__ void load_run(const T* row, int64_t e0, int64_t lim, bool vec, float* out) {
-  constexpr int VE = Vec16<T>::kElems;
-  static_assert(n % VE == 0, "run must be whole 16-byte vectors");
-  if (vec && e0 + n <= lim) {
-#pragma unroll
-    for (int j = 0; j < n / VE; ++j) load16(row + e0 + j * VE, out + j * VE);
-  } else {
-#pragma unroll
-    for (int j = 0; j < n; ++j) out[j] = (e0 + j < lim) ? to_f32(row[e0 + j]) : 0.f;
-  }
-}
-template <typename T, int n>
-__device__ __forceinline__ void store_run(T* row, int64_t e0, int64_t lim, bool vec, const float* in) {
-  constexpr int VE = Vec16<T>::kElems;
-  if (vec && e0 + n <= lim) {
-#pragma unroll
-    for (int j = 0; j < n / VE; ++j) store16(row + e0 + j * VE, in + j * VE);
-  } else {
-#pragma unroll
-    for (int j = 0; j < n; ++j)
-      if (e0 + j < lim) row[e0 + j] = from_f32<T>(in[j]);
-  }
-}
-
 // K values of a variable B/C row (complex: K interleaved pairs) as weights.
 template <typename T, bool kC>
 __device__ __forceinline__ void load_var(const T* row, int64_t t0, int64_t L, bool vec,
@@ -287,31 +260,6 @@ __device__ __forceinline__ void stage_rows(uint4* dst, const T* base, int64_t ss
         }
       }
       *d = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-}
-
-// 16 bytes of itype values to floats.
-template <typename T>
-__device__ __forceinline__ void unpack16(uint4 raw, float* out) {
-  if constexpr (sizeof(T) == 4) {
-    out[0] = __uint_as_float(raw.x);
-    out[1] = __uint_as_float(raw.y);
-    out[2] = __uint_as_float(raw.z);
-    out[3] = __uint_as_float(raw.w);
-  } else {
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu);
-      const unsigned short hi = static_cast<unsigned short>(w[i] >> 16);
-      if constexpr (std::is_same_v<T, __half>) {
-        out[2 * i] = __half2float(__ushort_as_half(lo));
-        out[2 * i + 1] = __half2float(__ushort_as_half(hi));
-      } else {
-        out[2 * i] = __uint_as_float(static_cast<uint32_t>(lo) << 16);
-        out[2 * i + 1] = __uint_as_float(static_cast<uint32_t>(hi) << 16);
-      }
     }
   }
 }

@@ -111,6 +111,33 @@ __device__ __forceinline__ void store16(T* p, const float* in) {
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// n consecutive itype values of a row starting at element e0 into floats; elements at or past `lim` read as 0.
+// 16-byte loads when the row is aligned and the run is whole (n * sizeof(T) is a multiple of 16).
+template <typename T, int n>
+__device__ __forceinline__ void load_run(const T* row, int64_t e0, int64_t lim, bool vec, float* out) {
+  constexpr int VE = Vec16<T>::kElems;
+  static_assert(n % VE == 0, "run must be whole 16-byte vectors");
+  if (vec && e0 + n <= lim) {
+#pragma unroll
+    for (int j = 0; j < n / VE; ++j) load16(row + e0 + j * VE, out + j * VE);
+  } else {
+#pragma unroll
+    for (int j = 0; j < n; ++j) out[j] = (e0 + j < lim) ? to_f32(row[e0 + j]) : 0.f;
+  }
+}
+template <typename T, int n>
+__device__ __forceinline__ void store_run(T* row, int64_t e0, int64_t lim, bool vec, const float* in) {
+  constexpr int VE = Vec16<T>::kElems;
+  if (vec && e0 + n <= lim) {
+#pragma unroll
+    for (int j = 0; j < n / VE; ++j) store16(row + e0 + j * VE, in + j * VE);
+  } else {
+#pragma unroll
+    for (int j = 0; j < n; ++j)
+      if (e0 + j < lim) row[e0 + j] = from_f32<T>(in[j]);
+  }
+}
+
 // 16 bytes' worth of a row's itype values from time t: one vector load when `vec` (the row is 16-byte aligned)
 // and the vector ends before L; otherwise element by element, with 0 past L.
 template <typename T>

@@ -105,33 +105,6 @@ __device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int la
   }
 }
 
-// Loads K itype values of a row starting at time tl (vector path when the lane's steps are all in range and
-// the row base is 16-byte aligned; a piece offset is always a multiple of 16 bytes then). Steps >= L read 0.
-template <int K, typename T>
-__device__ __forceinline__ void fwd_load_items(const T* row, int64_t tl, int64_t L, bool vec, float* out) {
-  constexpr int VE = Vec16<T>::kElems;
-  if (vec && tl + K <= L) {
-#pragma unroll
-    for (int v = 0; v < K / VE; ++v) load16(row + tl + v * VE, out + v * VE);
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) out[k] = (tl + k < L) ? to_f32(row[tl + k]) : 0.f;
-  }
-}
-
-template <int K, typename T>
-__device__ __forceinline__ void fwd_store_items(T* row, int64_t tl, int64_t L, bool vec, const float* in) {
-  constexpr int VE = Vec16<T>::kElems;
-  if (vec && tl + K <= L) {
-#pragma unroll
-    for (int v = 0; v < K / VE; ++v) store16(row + tl + v * VE, in + v * VE);
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (tl + k < L) row[tl + k] = from_f32<T>(in[k]);
-  }
-}
-
 __device__ __forceinline__ float wscale(float a, float s) { return a * s; }
 __device__ __forceinline__ float2 wscale(float2 a, float s) { return cscale(a, s); }
 // y += h * coef (real); y += 2 Re(h * coef) (complex weights, conjugate-pair convention).
@@ -218,8 +191,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
     float dlt[K], du[K], y[K];
     float dsum = 0.f;  // sum of the lane's deltas: its decay product is exp2(A2 * dsum) (real weights)
     if (active) {
-      fwd_load_items<K>(u_row, tl, L, vec_in, du);
-      fwd_load_items<K>(dt_row, tl, L, vec_in, dlt);
+      load_run<T, K>(u_row, tl, L, vec_in, du);
+      load_run<T, K>(dt_row, tl, L, vec_in, dlt);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         float v = dlt[k] + bias;
@@ -317,13 +290,13 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
     }
     if (!active) continue;
     __syncwarp();  // lane 31's carry writes are visible to lane 0 in the next piece
-    fwd_store_items<K>(out_row, tl, L, vec_out, y);
+    store_run<T, K>(out_row, tl, L, vec_out, y);
     if (has_z) {
       float zz[K];
-      fwd_load_items<K>(z_row, tl, L, vec_z, zz);
+      load_run<T, K>(z_row, tl, L, vec_z, zz);
 #pragma unroll
       for (int k = 0; k < K; ++k) zz[k] = y[k] * silu(zz[k]);
-      fwd_store_items<K>(oz_row, tl, L, vec_z, zz);
+      store_run<T, K>(oz_row, tl, L, vec_z, zz);
     }
   }
 
