@@ -402,4 +402,19 @@ std::vector<double> ref_x_values(const RefFwd& f, const Case& c) {
   return flatten(x, c.spec.complex);
 }
 
+std::vector<double> ref_x_cond(const RefFwd& f, const Case& c) {
+  const int64_t Bt = c.spec.batch, D = c.spec.dim, N = c.spec.dstate, nc = c.nchunks();
+  std::vector<double> x;
+  x.reserve(static_cast<size_t>(Bt * D * nc * 2 * N));
+  for (int64_t b = 0; b < Bt; ++b)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < nc; ++k)
+        for (int64_t n = 0; n < N; ++n) {
+          const size_t i = static_cast<size_t>(((b * D + d) * nc + k) * N + n);
+          x.push_back(f.cond_xP[i]);
+          x.push_back(f.cond_xH[i]);
+        }
+  return flatten_cond(x, c.spec.complex);
+}
+
 }  // namespace selscan_test

@@ -93,5 +93,7 @@ RefProblem ref_problem(const Case& c);
 std::vector<double> ref_dout(const Case& c);
 // Chunk states as the x tensor lays them out: [..., 2n] = P, [..., 2n+1] = H, flattened like values().
 std::vector<double> ref_x_values(const RefFwd& f, const Case& c);
+// Their condition scales (RefFwd::cond_xP, cond_xH; ref_forward(p, true)) in the same layout.
+std::vector<double> ref_x_cond(const RefFwd& f, const Case& c);
 
 }  // namespace selscan_test

@@ -47,6 +47,9 @@ cd c_at(const RefProblem& p, int64_t b, int64_t d, int64_t n, int64_t t) {
 // A variable dB/dC element holds one term per channel: |T| + |∂T/∂dh| Mg(t) (or |∂T/∂h| Mh(t)), where the
 // running bounds Mh(t) = |ā_t| Mh(t-1) + βh(t) and Mg(t) = |ā_{t+1}| Mg(t+1) + βg(t) are the adjoint bound of
 // a single term. Batches, channels and states carry independent errors: their bounds add.
+// The per-step gradients du_t and ddelta_t take this state's terms at step t the same way (|T| + |∂T/∂dh| Mg(t)
+// + |∂T/∂h(t-1)| Mh(t-1), with the ddelta factor of dh shared with ddelta_bias's), and dh0 = conj(ā_0) dh_0
+// the bound of the reverse scan one step further (RefBwd::cond_du, cond_ddelta, cond_dh0).
 void add_cond(const RefProblem& p, int64_t b, int64_t d, int64_t n, const std::vector<double>& dt,
               const std::vector<double>& dy, const std::vector<double>& sp, const std::vector<cd>& hist,
               const std::vector<cd>& dh, RefBwd& g) {
@@ -68,19 +71,25 @@ void add_cond(const RefProblem& p, int64_t b, int64_t d, int64_t n, const std::v
   const size_t dn = static_cast<size_t>(p.dn(d, n));
   double cA = 0.0, cB = 0.0, cC = 0.0, cbias = 0.0;  // the constant-B/C, dA and ddelta_bias scales
 
-  // Forward in time: the local terms, the forward running bound Mh (variable dC), the adjoints W of the
-  // state gradient's errors (α: dA conj(δ ā) conj(h(t-1)); constant dB δ u; ddelta_bias sp (u conj(B) +
-  // conj(A ā) conj(h(t-1))), the factor of dh(t) in each term).
+  // The factor of dh(t) in ddelta_t (before the softplus factor sp): u conj(B) + conj(A ā) conj(h(t-1)).
+  auto alpha_delta = [&](int64_t t) {
+    return u(t) * std::conj(b_at(p, b, d, n, t)) + std::conj(A * abar(t)) * std::conj(hist[t]);
+  };
+  // Forward in time: the local terms, the forward running bound Mh (variable dC; mh[t] = Mh(t-1) for the
+  // per-step gradients), the adjoints W of the state gradient's errors (α: dA conj(δ ā) conj(h(t-1)); constant
+  // dB δ u; ddelta_bias sp alpha_delta, the factor of dh(t) in each term).
   double Mh = 0.0;
+  std::vector<double> mh(static_cast<size_t>(L));
   cd WA = 0.0, WB = 0.0, Wd = 0.0;
   for (int64_t t = 0; t < L; ++t) {
     const cd a = abar(t), Bt = b_at(p, b, d, n, t), hm = hist[t];
+    mh[t] = Mh;
     Mh = std::abs(a) * Mh + beta_h(t);
     const double bg = beta_g(t);
     const cd ca = std::conj(a);
     WA = ca * WA + std::conj(dt[t] * a) * std::conj(hm);
     WB = ca * WB + dt[t] * u(t);
-    Wd = ca * Wd + sp[t] * (u(t) * std::conj(Bt) + std::conj(A * a) * std::conj(hm));
+    Wd = ca * Wd + sp[t] * alpha_delta(t);
     cA += ea(t) * std::abs(dt[t] * a * dh[t] * hm) + bg * std::abs(WA);
     const double tB = std::abs(dh[t] * (dt[t] * u(t)));
     if (p.var_B) g.cond_dB[static_cast<size_t>(p.bgnl(b, p.group(d), n, t))] += tB;  // + |δ u| Mg below
@@ -98,6 +107,13 @@ void add_cond(const RefProblem& p, int64_t b, int64_t d, int64_t n, const std::v
   for (int64_t s = L - 1; s >= 0; --s) {
     Mg = (s + 1 < L ? std::abs(abar(s + 1)) * Mg : 0.0) + beta_g(s);
     if (p.var_B) g.cond_dB[static_cast<size_t>(p.bgnl(b, p.group(d), n, s))] += std::abs(dt[s] * u(s)) * Mg;
+    {  // du_s += Re(dh conj(B)) δ; ddelta_s += sp (Re(dh conj(B)) u + Re(conj(A ā) dh conj(h(s-1)))).
+      const size_t i = static_cast<size_t>(p.bdl(b, d, s));
+      const cd Bs = b_at(p, b, d, n, s), Aa = A * abar(s);
+      g.cond_du[i] += std::abs(dt[s] * Bs) * (std::abs(dh[s]) + Mg);
+      g.cond_ddelta[i] += sp[s] * (std::abs(u(s) * Bs * dh[s]) + ea(s) * std::abs(Aa * dh[s] * hist[s]) +
+                                   std::abs(alpha_delta(s)) * Mg + std::abs(Aa * dh[s]) * mh[s]);
+    }
     if (s + 1 < L) {
       const cd a1 = abar(s + 1), ca1 = std::conj(a1);
       ZA = ca1 * ZA + std::conj(dt[s + 1] * a1) * dh[s + 1];
@@ -111,6 +127,9 @@ void add_cond(const RefProblem& p, int64_t b, int64_t d, int64_t n, const std::v
     cC += bh * std::abs(ZC);
     cbias += bh * std::abs(Zd);
   }
+  // dh0 = conj(ā_0) dh(0): the reverse scan's bound one step further (Mg(-1) with no output term).
+  if (p.has_h0)
+    g.cond_dh0[static_cast<size_t>(p.bdn(b, d, n))] = std::abs(abar(0)) * Mg + ea(0) * std::abs(abar(0) * dh[0]);
   g.cond_dA[dn] += cA;
   if (!p.var_B) g.cond_dB[dn] += cB;
   if (!p.var_C) g.cond_dC[dn] += cC;
@@ -130,6 +149,11 @@ RefFwd ref_forward(const RefProblem& p, bool with_cond) {
   r.last_state.assign(static_cast<size_t>(p.Bt * p.D * p.N), 0.0);
   r.xP.assign(static_cast<size_t>(p.Bt * p.D * nc * p.N), 0.0);
   r.xH.assign(r.xP.size(), 0.0);
+  if (with_cond) {
+    r.cond_xP.assign(r.xP.size(), 0.0);
+    r.cond_xH.assign(r.xP.size(), 0.0);
+    r.cond_last_state.assign(r.last_state.size(), 0.0);
+  }
   std::vector<double> dt, pre;
   for (int64_t b = 0; b < p.Bt; ++b)
     for (int64_t d = 0; d < p.D; ++d) {
@@ -146,13 +170,16 @@ RefFwd ref_forward(const RefProblem& p, bool with_cond) {
         // d ā / d δ = A ā) and b̄_t, the product and the sum each with relative error <= u, then
         // |h_fp32(t) - h(t)| <= M(t) u with M(t) = |ā_t| M(t-1) + (1 + |δ_t A|) |ā_t h(t-1)| + |b̄_t|, M(-1) = 0.
         // Slowly decaying states accumulate M over their whole memory (M ~ t |h| when |ā| ~ 1).
-        double M = 0.0;
+        // The chunk states and the last state take their bounds from M; P (a product of t + 1 factors ā)
+        // from S = Σ |δ_t A| (RefFwd::cond_xP).
+        double M = 0.0, S = 0.0;
         for (int64_t t = 0; t < p.L; ++t) {
           const cd a = std::exp(dt[t] * p.A[p.dn(d, n)]);
           const cd bb = b_at(p, b, d, n, t) * (dt[t] * p.u[p.bdl(b, d, t)]);
           if (with_cond) {
             const double aa = std::abs(a);
             M = aa * M + (1.0 + std::abs(dt[t] * p.A[p.dn(d, n)])) * aa * std::abs(h) + std::abs(bb);
+            S += std::abs(dt[t] * p.A[p.dn(d, n)]);
             r.cond_y[p.bdl(b, d, t)] += kappa * std::abs(c_at(p, b, d, n, t)) * M;
           }
           h = a * h + bb;
@@ -162,9 +189,14 @@ RefFwd ref_forward(const RefProblem& p, bool with_cond) {
             const int64_t c = t / 2048, i = ((b * p.D + d) * nc + c) * p.N + n;
             r.xP[i] = P;
             r.xH[i] = p.fold_B() ? h / p.B[p.dn(d, n)] : h;
+            if (with_cond) {
+              r.cond_xP[i] = std::abs(P) * static_cast<double>(t + 2) * (2.0 + S);
+              r.cond_xH[i] = p.fold_B() ? M / std::abs(p.B[p.dn(d, n)]) : M;
+            }
           }
         }
         r.last_state[p.bdn(b, d, n)] = h;
+        if (with_cond) r.cond_last_state[p.bdn(b, d, n)] = M + (p.fold_B() ? std::abs(h) : 0.0);
       }
       if (p.has_z)
         for (int64_t t = 0; t < p.L; ++t) {
@@ -177,7 +209,7 @@ RefFwd ref_forward(const RefProblem& p, bool with_cond) {
 }
 
 RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond) {
-  const RefFwd f = ref_forward(p);
+  const RefFwd f = ref_forward(p, with_cond);  // with_cond: cond_y for dz
   const double kappa = p.cplx ? 2.0 : 1.0;
   RefBwd g;
   const size_t bdl = static_cast<size_t>(p.Bt * p.D * p.L);
@@ -196,6 +228,10 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool w
     g.cond_dC.assign(g.dC.size(), 0.0);
     g.cond_dD.assign(g.dD.size(), 0.0);
     g.cond_dbias.assign(g.dbias.size(), 0.0);
+    g.cond_du.assign(bdl, 0.0);
+    g.cond_ddelta.assign(bdl, 0.0);
+    if (p.has_z) g.cond_dz.assign(bdl, 0.0);
+    g.cond_dh0.assign(g.dh0.size(), 0.0);
   }
 
   std::vector<double> dt, pre, dy(static_cast<size_t>(p.L)), sp(static_cast<size_t>(p.L));
@@ -212,6 +248,11 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool w
           const double zt = p.z[i], s = sigmoid(zt);
           dy[t] = dout[i] * zt * s;
           g.dz[i] = dout[i] * f.y[i] * s * (1.0 + zt * (1.0 - s));
+          // dz = dout out σ (1 + z (1 - σ)) from the saved out: out's error times |∂dz/∂out|, and about ten
+          // roundings (σ's three, the gate's, the products and out's own), each within |dout σ y| (1 + |z|).
+          if (with_cond)
+            g.cond_dz[i] = std::abs(dout[i] * s) * (std::abs(1.0 + zt * (1.0 - s)) * f.cond_y[i] +
+                                                    10.0 * (1.0 + std::abs(zt)) * std::abs(f.y[i]));
         } else {
           dy[t] = dout[i];
         }
@@ -221,7 +262,7 @@ RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool w
         const int64_t i = p.bdl(b, d, t);
         g.du[i] += Dd * dy[t];
         g.dD[d] += dy[t] * p.u[i];
-        if (with_cond) g.cond_dD[d] += std::abs(dy[t] * p.u[i]);
+        if (with_cond) g.cond_dD[d] += std::abs(dy[t] * p.u[i]), g.cond_du[i] += std::abs(Dd * dy[t]);
       }
       for (int64_t n = 0; n < p.N; ++n) {
         const cd A = p.A[p.dn(d, n)];

@@ -44,6 +44,14 @@ struct RefFwd {
   std::vector<double> cond_y, cond_out_z;  // (Bt, D, L)
   std::vector<cd> last_state;  // (Bt, D, N) true state after position L-1
   std::vector<cd> xP, xH;      // (Bt, D, nc, N) chunk states (xH in the fold_B convention)
+  // The same for the states (only with ref_forward(p, true)), one value per (complex) element: cond_xH and
+  // cond_last_state are the running bound M_n at the chunk's last position and at L-1 (cond_xH divided by |B|
+  // under fold_B, whose scan runs on h / B; cond_last_state plus |h| there, the rounding of B s); cond_xP bounds
+  // the running product of decays, |P| (steps + 1) (2 + Σ_t |δ_t A|): a product of ā's (each with error
+  // (1 + |δ_t A|) u, and one rounding per product) or one exp of the summed exponents (the sum's rounding,
+  // up to (steps) u Σ |δ_t A|). See docs/numerics.md, "Conditioning-aware tolerance of the explosive comparison".
+  std::vector<double> cond_xP, cond_xH;  // (Bt, D, nc, N)
+  std::vector<double> cond_last_state;   // (Bt, D, N)
 };
 
 struct RefBwd {
@@ -63,13 +71,21 @@ struct RefBwd {
   std::vector<double> cond_dA;              // (D, N)
   std::vector<double> cond_dB, cond_dC;     // shaped like B, C
   std::vector<double> cond_dD, cond_dbias;  // (D)
+  // The per-step gradients get scales of the same kind: the sum of |terms| at that step plus the first-order
+  // error they inherit from h and dh (the running bounds Mh(t) and Mg(t) that add_cond propagates), summed over
+  // the states. du: |D dy| + Σ_n |δ B| (|dh| + Mg); ddelta: sp Σ_n (|u B dh| + (1 + |δ A|) |A ā dh h(t-1)| +
+  // |u conj(B) + conj(A ā h(t-1))| Mg + |A ā dh| Mh(t-1)); dz: |dout σ| (|1 + z (1 - σ)| cond_y + 10 (1 + |z|) |y|)
+  // (the error of the saved out, and the gate's roundings); dh0 = conj(ā_0) dh_0: |ā_0| Mg(0) +
+  // (1 + |δ_0 A|) |ā_0 dh_0|. docs/numerics.md, "Conditioning-aware tolerance of the explosive comparison".
+  std::vector<double> cond_du, cond_ddelta, cond_dz;  // (Bt, D, L)
+  std::vector<double> cond_dh0;                       // (Bt, D, N)
 };
 
-// `with_cond` also fills cond_y / cond_out_z (a few more operations in the same recurrence).
+// `with_cond` also fills the cond_* scales (a few more operations in the same recurrence).
 RefFwd ref_forward(const RefProblem& p, bool with_cond = false);
 // dout: gradient of the final output (out_z when z is given, else y). Gradients follow PyTorch's convention
 // for complex inputs of a real loss (dL/dRe + i dL/dIm).
-// `with_cond` also fills the cond_* scales of the reduced gradients.
+// `with_cond` also fills the cond_* scales of every gradient.
 RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond = false);
 // The problem restricted to some channels and states (every batch and step): channels `ch` of p become channels
 // 0.. and states `st` become states 0... With variable B or C every channel of `ch` must be in one group, which
