@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -173,6 +174,8 @@ struct Named {
   CaseSpec spec;
   bool misalign = false;
 };
+// gtest prints a parameter in test listings; without this it dumps the struct's bytes into every ctest name.
+void PrintTo(const Named& n, std::ostream* os) { *os << n.name; }
 
 std::vector<Named> matrix() {
   std::vector<Named> v;
