@@ -8,6 +8,25 @@ sys.path.insert(0, HERE)  # reference.py
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
+def torch_cuda_skip_reason():
+    """Why the torch CUDA tests cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    import selscan
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if selscan.cuda_device_count() == 0:
+        return "libselscan was built without CUDA or sees no device (" + selscan.build_info() + ")"
+    try:
+        selscan.check_device(torch.cuda.current_device())
+    except selscan.SelscanError as e:
+        return f"this libselscan build cannot run on the device: {e}"
+    return None
+
+
 def golden_dir():
     return os.environ.get("SELSCAN_GOLDEN_DIR") or os.path.join(REPO, "..", "shared", "golden")
 

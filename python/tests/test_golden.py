@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import golden_dir
+from conftest import golden_dir, torch_cuda_skip_reason
 from reference import assert_close, interleaved_to_complex, ref_scan
 
 import selscan
@@ -88,22 +88,6 @@ def test_golden_backward(name):
     args, kw = inputs(meta, a)
     dout = a["dout"].astype(np.float16) if meta["itype"] == "fp16" else a["dout"]
     check_grads(meta, a, selscan.selective_scan_bwd(dout, *args, **kw))
-
-
-def torch_cuda_skip_reason():
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if selscan.cuda_device_count() == 0:
-        return "libselscan was built without CUDA or sees no device (" + selscan.build_info() + ")"
-    try:
-        selscan.check_device(torch.cuda.current_device())
-    except selscan.SelscanError as e:
-        return f"this libselscan build cannot run on the device: {e}"
-    return None
 
 
 @pytest.mark.parametrize("name", CASES)

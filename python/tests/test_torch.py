@@ -8,23 +8,12 @@ torch = pytest.importorskip("torch", reason="torch is not installed (selscan.tor
 
 import selscan  # noqa: E402
 from selscan.torch import SelectiveScanFn, selective_scan_fn  # noqa: E402
+from conftest import torch_cuda_skip_reason  # noqa: E402
 
 TOL = {torch.float32: (6e-4, 2e-3), torch.float16: (3e-3, 5e-3), torch.bfloat16: (3e-2, 5e-2)}
 
 
-def cuda_skip_reason():
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    if selscan.cuda_device_count() == 0:
-        return "libselscan was built without CUDA or sees no device (" + selscan.build_info() + ")"
-    try:
-        selscan.check_device(torch.cuda.current_device())
-    except selscan.SelscanError as e:
-        return f"this libselscan build cannot run on the device: {e}"
-    return None
-
-
-needs_cuda = pytest.mark.skipif(cuda_skip_reason() is not None, reason=str(cuda_skip_reason()))
+needs_cuda = pytest.mark.skipif(torch_cuda_skip_reason() is not None, reason=str(torch_cuda_skip_reason()))
 
 
 def make(device="cpu", dtype=torch.float32, Bt=2, Dm=4, L=33, N=8, G=1, var_B=True, var_C=True, cplx=False,
