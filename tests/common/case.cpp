@@ -233,6 +233,19 @@ Case make_case(const CaseSpec& s) {
   return c;
 }
 
+CaseSpec l4500_complex_h0_f16(uint64_t seed) {
+  CaseSpec s;
+  s.seqlen = 4500;
+  s.dim = 4;
+  s.dstate = 8;
+  s.complex = true;
+  s.has_h0 = true;
+  s.slow_decay = true;
+  s.itype = SELSCAN_DTYPE_FLOAT16;
+  s.seed = seed;
+  return s;
+}
+
 void* host_ptr(Tensor& t) { return t.present() ? t.storage.data() : nullptr; }
 
 void poison(const std::vector<Tensor*>& ts) {
@@ -387,34 +400,32 @@ std::vector<double> ref_dout(const Case& c) {
   return v;
 }
 
-std::vector<double> ref_x_values(const RefFwd& f, const Case& c) {
+namespace {
+// Chunk states in the x tensor's layout, (Bt, D, nc, N) with P and H interleaved: ref_x_values and ref_x_cond
+// lay out the states and their condition scales alike.
+template <class T>
+std::vector<T> x_layout(const Case& c, const std::vector<T>& P, const std::vector<T>& H) {
   const int64_t Bt = c.spec.batch, D = c.spec.dim, N = c.spec.dstate, nc = c.nchunks();
-  std::vector<cd> x;
+  std::vector<T> x;
   x.reserve(static_cast<size_t>(Bt * D * nc * 2 * N));
   for (int64_t b = 0; b < Bt; ++b)
     for (int64_t d = 0; d < D; ++d)
       for (int64_t k = 0; k < nc; ++k)
         for (int64_t n = 0; n < N; ++n) {
           const size_t i = static_cast<size_t>(((b * D + d) * nc + k) * N + n);
-          x.push_back(f.xP[i]);
-          x.push_back(f.xH[i]);
+          x.push_back(P[i]);
+          x.push_back(H[i]);
         }
-  return flatten(x, c.spec.complex);
+  return x;
+}
+}  // namespace
+
+std::vector<double> ref_x_values(const RefFwd& f, const Case& c) {
+  return flatten(x_layout(c, f.xP, f.xH), c.spec.complex);
 }
 
 std::vector<double> ref_x_cond(const RefFwd& f, const Case& c) {
-  const int64_t Bt = c.spec.batch, D = c.spec.dim, N = c.spec.dstate, nc = c.nchunks();
-  std::vector<double> x;
-  x.reserve(static_cast<size_t>(Bt * D * nc * 2 * N));
-  for (int64_t b = 0; b < Bt; ++b)
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t k = 0; k < nc; ++k)
-        for (int64_t n = 0; n < N; ++n) {
-          const size_t i = static_cast<size_t>(((b * D + d) * nc + k) * N + n);
-          x.push_back(f.cond_xP[i]);
-          x.push_back(f.cond_xH[i]);
-        }
-  return flatten_cond(x, c.spec.complex);
+  return flatten_cond(x_layout(c, f.cond_xP, f.cond_xH), c.spec.complex);
 }
 
 }  // namespace selscan_test

@@ -63,6 +63,11 @@ struct Case {
 // Random inputs (16-bit itypes: values rounded to the itype), outputs allocated and poisoned.
 Case make_case(const CaseSpec& spec);
 
+// "L4500_complex_h0_f16" of the forward GPU matrix (tests/gpu/test_gpu_fwd.cpp, seed 1028 there), its most
+// ill-conditioned spec, on which tests/cpu/test_conditioning.cpp pins the conditioning-aware tolerance: slowly
+// decaying complex states with h0 over 4500 steps, fp16 inputs. Shared so that both test that very problem.
+CaseSpec l4500_complex_h0_f16(uint64_t seed);
+
 // The host pointer map.
 void* host_ptr(Tensor& t);
 

@@ -119,6 +119,40 @@ inline double worst_ratio(const std::vector<double>& got, const std::vector<doub
   return w;
 }
 
+// The element of largest |ref| (the first of equals): where a wrong value matters most.
+inline size_t largest_at(const std::vector<double>& ref) {
+  size_t big = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (std::fabs(ref[i]) > std::fabs(ref[big])) big = i;
+  return big;
+}
+
+// The power of a conditioning-aware comparison (tests/cpu/test_conditioning*.cpp): a 1% error put into `got`
+// at ref's largest element fails allclose, reported as exactly that one element. Returns at how many elements
+// a 1% error (0.01 |ref|) exceeds the limit, with `bound` and with upstream's tolerance alone.
+struct Caught {
+  int64_t with_bound = 0, upstream = 0;
+};
+inline Caught expect_one_percent_error_caught(const std::string& what, const std::vector<double>& got,
+                                              const std::vector<double>& ref, Tol tol,
+                                              const std::vector<double>* bound) {
+  const size_t big = largest_at(ref);
+  std::vector<double> bad = got;
+  bad[big] = ref[big] * 1.01;  // 1e-2 relative error
+  const ::testing::AssertionResult res = allclose(what, bad, ref, tol, bound);
+  EXPECT_FALSE(res) << "a 1% error at element " << big << " (ref " << ref[big] << ") passed";
+  const std::string msg = res.message();
+  EXPECT_NE(msg.find(" 1 of " + std::to_string(ref.size()) + " elements"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("flat index " + std::to_string(big) + ":"), std::string::npos) << msg;
+  Caught c;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = 0.01 * std::fabs(ref[i]);
+    c.with_bound += err > limit_at(ref, tol, bound, i);
+    c.upstream += err > limit_at(ref, tol, nullptr, i);
+  }
+  return c;
+}
+
 // Rounds reference values to an itype as the compared output is (upstream compares u.grad.to(itype)).
 inline std::vector<double> round_to(const std::vector<double>& v, int32_t itype) {
   std::vector<double> r(v.size());

@@ -6,6 +6,33 @@
 
 namespace selscan_test {
 
+std::vector<ExplosiveCase> explosive_cases() {
+  std::vector<ExplosiveCase> v;
+  uint64_t seed = 67000;
+  int k = 0;
+  for (int64_t L : {64, 2100})
+    for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16})
+      for (bool cx : {false, true})
+        for (bool var : {true, false}) {
+          ++k;
+          CaseSpec s;
+          s.batch = 1, s.dim = 3, s.seqlen = L, s.dstate = 8;
+          s.itype = it, s.complex = cx, s.var_B = var, s.var_C = var;
+          s.softplus = false, s.has_delta_bias = false;
+          s.delta_lo = 4.0, s.delta_hi = 8.0;
+          s.seed = ++seed;
+          v.push_back({s, k % 2 == 0});
+        }
+  return v;
+}
+
+void set_explosive_A(Case& c) {
+  const CaseSpec& s = c.spec;
+  for (int64_t d = 0; d < s.dim; ++d)
+    for (int64_t n = 0; n < s.dstate; ++n)
+      c.A.setc({d, n}, cd(s.seqlen == 64 ? 0.25 + 0.0625 * n : 0.0125, s.complex ? 1.0 : 0.0));
+}
+
 ::testing::AssertionResult same_positions(const std::string& what, const std::vector<double>& gpu,
                                           const std::vector<double>& cpu, Tol tol, bool pairs,
                                           const std::vector<double>* band, Outcome& o,

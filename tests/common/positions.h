@@ -19,6 +19,20 @@ namespace selscan_test {
 // but beyond this, the two float32 paths may legitimately differ (one overflows, the other not yet).
 inline constexpr double kBig = 1e30;
 
+// The cases of GpuLimitsNonFinite.ExplosiveAAtCpuPositions, in its order, shared with the CPU tests that rebuild
+// them (tests/cpu/test_conditioning_explosive.cpp, test_conditioning_bwd.cpp): batch 1, dim 3, dstate 8, no
+// softplus and no delta_bias, delta in [4, 8); loops L (64, 2100), itype (fp32, fp16), complex, variable B/C;
+// seeds 67001... `det`: the deterministic backward (even case numbers), else the atomic one.
+struct ExplosiveCase {
+  CaseSpec spec;
+  bool det;
+};
+std::vector<ExplosiveCase> explosive_cases();
+// Every A of `c` set to the explosive rate: 0.25 + n/16 at L = 64, else 0.0125 (imaginary part 1 for complex
+// weights). Positive rates with large delta: float32 states overflow within a few dozen steps at L = 64, after
+// ~1200 at L = 2100 (across the chunk boundary).
+void set_explosive_A(Case& c);
+
 struct Outcome {
   int64_t finite = 0, nonfinite = 0, kind_differs = 0, indeterminate = 0;
 };

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "limit_inputs.h"
+#include "positions.h"
 #include "reduced_cond.h"
 
 namespace selscan_test {
@@ -51,15 +52,9 @@ void expect_recorded_within_bound(const Recorded& r, double ref, double cond) {
 // -9.78171e+21 vs -9.79201e+21 (dC). Explosive states (|ā| up to e^5.5 per step) make the terms of a variable
 // dB/dC element huge; the channel sum cancels them, and the dh/h errors carried through 64 steps dominate.
 TEST(CpuConditioningBwd, RecordedExplosiveFailuresWithinBound) {
-  CaseSpec s;
-  s.batch = 1, s.dim = 3, s.seqlen = 64, s.dstate = 8;
-  s.itype = SELSCAN_DTYPE_FLOAT32, s.complex = true, s.var_B = true, s.var_C = true;
-  s.softplus = false, s.has_delta_bias = false;
-  s.delta_lo = 4.0, s.delta_hi = 8.0;
-  s.seed = 67003;
+  const CaseSpec s = explosive_cases()[2].spec;  // tests/common/positions.h
   Case c = make_case(s);
-  for (int64_t d = 0; d < s.dim; ++d)
-    for (int64_t n = 0; n < s.dstate; ++n) c.A.setc({d, n}, cd(0.25 + 0.0625 * n, 1.0));
+  set_explosive_A(c);
   const RefBwd g = ref_backward(ref_problem(c), ref_dout(c), /*with_cond=*/true);
   const Tol tol = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C).dB;  // variable: the output's
   const std::vector<double> rB = flatten(g.dB, true), rC = flatten(g.dC, true);
@@ -223,23 +218,8 @@ TEST(CpuConditioningBwd, OnePercentErrorInOneElementFails) {
     for (const Reduced& o : reduced_of(s)) {
       SCOPED_TRACE(o.name + "; " + s.str());
       ASSERT_TRUE(allclose(o.name, o.got, o.ref, o.tol, &o.bound));  // unmodified: passes
-      size_t big = 0;
-      for (size_t i = 0; i < o.ref.size(); ++i)
-        if (std::fabs(o.ref[i]) > std::fabs(o.ref[big])) big = i;
-      std::vector<double> bad = o.got;
-      bad[big] = o.ref[big] * 1.01;
-      const ::testing::AssertionResult res = allclose(o.name, bad, o.ref, o.tol, &o.bound);
-      EXPECT_FALSE(res) << "a 1% error at element " << big << " (ref " << o.ref[big] << ") passed";
-      const std::string msg = res.message();
-      EXPECT_NE(msg.find(" 1 of " + std::to_string(o.ref.size()) + " elements"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("flat index " + std::to_string(big) + ":"), std::string::npos) << msg;
-      int64_t caught = 0, caught_upstream = 0;
-      for (size_t i = 0; i < o.ref.size(); ++i) {
-        const double err = 0.01 * std::fabs(o.ref[i]);
-        caught += err > limit_at(o.ref, o.tol, &o.bound, i);
-        caught_upstream += err > limit_at(o.ref, o.tol, nullptr, i);
-      }
-      EXPECT_EQ(caught, caught_upstream);
+      const Caught caught = expect_one_percent_error_caught(o.name, o.got, o.ref, o.tol, &o.bound);
+      EXPECT_EQ(caught.with_bound, caught.upstream);
     }
   }
 }
@@ -257,9 +237,7 @@ TEST(CpuConditioningBwd, OnePercentErrorOnSlowDecays) {
       for (const Reduced& o : reduced_of(s)) {
         SCOPED_TRACE(o.name + "; " + s.str());
         EXPECT_TRUE(allclose(o.name, o.got, o.ref, o.tol, &o.bound));
-        size_t big = 0;
-        for (size_t i = 0; i < o.ref.size(); ++i)
-          if (std::fabs(o.ref[i]) > std::fabs(o.ref[big])) big = i;
+        const size_t big = largest_at(o.ref);
         std::vector<double> bad = o.got;
         bad[big] = o.ref[big] * 1.01;
         EXPECT_FALSE(allclose(o.name, bad, o.ref, o.tol, &o.bound)) << "a 1% error at the largest element passed";

@@ -18,42 +18,6 @@
 namespace selscan_test {
 namespace {
 
-// tests/gpu/test_gpu_limits.cpp, ExplosiveAAtCpuPositions: batch 1, dim 3, dstate 8, no softplus and no
-// delta_bias, delta in [4, 8), every A set to (0.25 + n/16) at L = 64 or 0.0125 at L = 2100 (imaginary part 1
-// for complex weights); seeds 67001.. in the loop order L, itype, complex, variable B/C; odd case numbers run
-// the atomic backward.
-struct Explosive {
-  CaseSpec spec;
-  bool det;
-};
-std::vector<Explosive> explosive_cases() {
-  std::vector<Explosive> v;
-  uint64_t seed = 67000;
-  int k = 0;
-  for (int64_t L : {64, 2100})
-    for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16})
-      for (bool cx : {false, true})
-        for (bool var : {true, false}) {
-          ++k;
-          CaseSpec s;
-          s.batch = 1, s.dim = 3, s.seqlen = L, s.dstate = 8;
-          s.itype = it, s.complex = cx, s.var_B = var, s.var_C = var;
-          s.softplus = false, s.has_delta_bias = false;
-          s.delta_lo = 4.0, s.delta_hi = 8.0;
-          s.seed = ++seed;
-          v.push_back({s, k % 2 == 0});
-        }
-  return v;
-}
-
-Case explosive_case(const CaseSpec& s) {
-  Case c = make_case(s);
-  for (int64_t d = 0; d < s.dim; ++d)
-    for (int64_t n = 0; n < s.dstate; ++n)
-      c.A.setc({d, n}, cd(s.seqlen == 64 ? 0.25 + 0.0625 * n : 0.0125, s.complex ? 1.0 : 0.0));
-  return c;
-}
-
 // One case run forward and backward on the CPU path, and the float64 reference with every condition scale.
 struct Ran {
   Case c;
@@ -69,13 +33,18 @@ Ran run_case(Case c, bool det) {
   r.g = ref_backward(rp, ref_dout(r.c), /*with_cond=*/true);
   return r;
 }
-Ran run_explosive(const Explosive& e) { return run_case(explosive_case(e.spec), e.det); }
+// An explosive case of tests/gpu/test_gpu_limits.cpp, ExplosiveAAtCpuPositions (tests/common/positions.h).
+Ran run_explosive(const ExplosiveCase& e) {
+  Case c = make_case(e.spec);
+  set_explosive_A(c);
+  return run_case(std::move(c), e.det);
+}
 
 // The ninth case, L = 2100 fp32 real weights, variable B/C (seed 67009, the atomic backward): the one that
 // failed on the H200 (out[2528], channel 1 step 428: GPU -8.59502e+10, CPU -8.54296e+10).
 const Ran& l2100() {
   static const Ran r = [] {
-    const Explosive e = explosive_cases()[8];
+    const ExplosiveCase e = explosive_cases()[8];
     EXPECT_EQ(e.spec.seqlen, 2100);
     EXPECT_EQ(e.spec.itype, SELSCAN_DTYPE_FLOAT32);
     EXPECT_FALSE(e.spec.complex);
@@ -247,7 +216,7 @@ TEST(CpuConditioningExplosive, OnePercentErrorAtLargestElementFails) {
 // upstream's (2 k u cond) and by how much, and at how many a 1% error is still caught (what the explosive
 // comparison's rule loosens).
 TEST(CpuConditioningExplosive, AllCasesWithinRule) {
-  for (const Explosive& e : explosive_cases()) {
+  for (const ExplosiveCase& e : explosive_cases()) {
     SCOPED_TRACE(e.spec.str());
     Ran r = run_explosive(e);
     int64_t compared = 0, loosened = 0, caught = 0, caught_upstream = 0;

@@ -217,18 +217,7 @@ std::vector<Named> matrix() {
     s.seed = ++seed;
     v.push_back({"L4500_groups" + std::to_string(g), s});
   }
-  {
-    CaseSpec s;
-    s.seqlen = 4500;
-    s.dim = 4;
-    s.dstate = 8;
-    s.complex = true;
-    s.has_h0 = true;
-    s.slow_decay = true;
-    s.itype = SELSCAN_DTYPE_FLOAT16;
-    s.seed = ++seed;
-    v.push_back({"L4500_complex_h0_f16", s});
-  }
+  v.push_back({"L4500_complex_h0_f16", l4500_complex_h0_f16(++seed)});
   for (int64_t n : {1, 16, 64, 256}) {
     CaseSpec s;
     s.dstate = n;

@@ -1030,38 +1030,19 @@ TEST(GpuLimitsNonFinite, InjectedValuesAtCpuPositions) {
 // cond_bound_of; tests/cpu/test_conditioning_explosive.cpp rebuilds these cases on the CPU).
 TEST(GpuLimitsNonFinite, ExplosiveAAtCpuPositions) {
   REQUIRE_GPU();
-  uint64_t seed = 67000;
-  int k = 0;
-  for (int64_t L : {64, 2100})
-    for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16})
-      for (bool cx : {false, true})
-        for (bool var : {true, false}) {
-          ++k;
-          CaseSpec s;
-          s.batch = 1, s.dim = 3, s.seqlen = L, s.dstate = 8;
-          s.itype = it, s.complex = cx, s.var_B = var, s.var_C = var;
-          s.softplus = false, s.has_delta_bias = false;
-          s.delta_lo = 4.0, s.delta_hi = 8.0;
-          s.seed = ++seed;
-          const bool det = k % 2 == 0;
-          SCOPED_TRACE(std::string(det ? "deterministic; " : "atomics; ") + s.str());
-          const Outcome o = run_both(
-              s,
-              [&](Case& c) {
-                for (int64_t d = 0; d < s.dim; ++d)
-                  for (int64_t n = 0; n < s.dstate; ++n)
-                    c.A.setc({d, n}, cd(L == 64 ? 0.25 + 0.0625 * n : 0.0125, cx ? 1.0 : 0.0));
-              },
-              det, true);
-          EXPECT_GT(o.nonfinite + o.indeterminate, 0) << "the states never left float32's range";
-          EXPECT_GT(o.finite, 0) << "no position was comparable";
-          std::printf("[ explosive ] L=%lld %s %s %s: %lld finite, %lld non-finite (%lld NaN-vs-Inf), %lld beyond "
-                      "1e30 skipped\n",
-                      static_cast<long long>(L), dtype_str(it), cx ? "complex" : "real", var ? "varBC" : "constBC",
-                      static_cast<long long>(o.finite), static_cast<long long>(o.nonfinite),
-                      static_cast<long long>(o.kind_differs), static_cast<long long>(o.indeterminate));
-          if (::testing::Test::HasFailure()) return;
-        }
+  for (const ExplosiveCase& e : explosive_cases()) {  // the cases and A: tests/common/positions.h
+    const CaseSpec& s = e.spec;
+    SCOPED_TRACE(std::string(e.det ? "deterministic; " : "atomics; ") + s.str());
+    const Outcome o = run_both(s, set_explosive_A, e.det, true);
+    EXPECT_GT(o.nonfinite + o.indeterminate, 0) << "the states never left float32's range";
+    EXPECT_GT(o.finite, 0) << "no position was comparable";
+    std::printf("[ explosive ] L=%lld %s %s %s: %lld finite, %lld non-finite (%lld NaN-vs-Inf), %lld beyond 1e30 "
+                "skipped\n",
+                static_cast<long long>(s.seqlen), dtype_str(s.itype), s.complex ? "complex" : "real",
+                s.var_B ? "varBC" : "constBC", static_cast<long long>(o.finite), static_cast<long long>(o.nonfinite),
+                static_cast<long long>(o.kind_differs), static_cast<long long>(o.indeterminate));
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace
