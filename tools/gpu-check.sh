@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer on a subset, and the benchmarks.
+# Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python ddp all (default: all)
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
+#      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
+# Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
 # included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
 set -uo pipefail
@@ -48,14 +50,22 @@ if want test; then
 fi
 
 if want sanitize; then
+  # Every tool over everything but the size and non-finite tests (the GpuLimits* ones take minutes under these
+  # tools), then the forward matrix again with the thread-states kernel forced (the small test shapes otherwise run
+  # the warp-scan kernel). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ]; then
-    filter=${SANITIZE_FILTER:-'*Golden*:*Small*'}
+    filter=${SANITIZE_FILTER:-'-GpuLimits*'}
     for tool in ${SANITIZERS:-memcheck racecheck synccheck initcheck}; do
-      compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" --gtest_filter="$filter" \
-        >"$OUT/sanitizer-$tool.log" 2>&1
-      rc=$?
-      note "compute-sanitizer $tool ($filter): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+      for kernel in auto ts; do
+        f=$filter
+        [ "$kernel" = ts ] && f='*GpuFwd*:GpuStreams*'
+        log="$OUT/sanitizer-$tool-$kernel.log"
+        SELSCAN_FWD_KERNEL=$kernel timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
+          --error-exitcode 9 "$gpu_tests" --gtest_filter="$f" >"$log" 2>&1
+        rc=$?
+        note "compute-sanitizer $tool (forward kernel $kernel, $f): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1), $(grep -c '^\[       OK' "$log") tests OK"
+      done
     done
   else
     note "sanitize: no selscan_tests_gpu binary"
