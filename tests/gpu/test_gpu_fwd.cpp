@@ -269,6 +269,21 @@ std::vector<Named> matrix() {
     w.seed = ++seed;
     v.push_back({"mamba_inner_strides_bf16", w});
   }
+  // Every threads-per-channel count of the thread-states kernel (4 states per thread: dstate 3 -> 1 thread with
+  // a padded state, 8 -> 2, 13 -> 4 with padding, 24 and 32 -> 8), real weights, both constant and variable B/C.
+  for (int64_t n : {3, 8, 13, 24, 32}) {
+    CaseSpec s;
+    s.dstate = n;
+    s.seqlen = 2100;
+    s.dim = 10;
+    s.groups = 2;
+    s.itype = n % 2 ? SELSCAN_DTYPE_FLOAT32 : SELSCAN_DTYPE_BFLOAT16;
+    s.var_B = n != 13;
+    s.var_C = n != 24;
+    s.has_h0 = n == 8 || n == 32;
+    s.seed = ++seed;
+    v.push_back({"ts_dstate" + std::to_string(n), s});
+  }
   return v;
 }
 
