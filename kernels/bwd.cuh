@@ -25,6 +25,7 @@
 #include "common.cuh"
 #include "cuda/launch.h"
 #include "errors.h"
+#include "launch_check.cuh"
 #include "problem.h"
 
 namespace selscan::kern::bwd {
@@ -865,13 +866,7 @@ __global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, i
   }
 }
 
-inline Status check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("backward: launching ") + what + " failed: " +
-                                               cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-  return SELSCAN_STATUS_SUCCESS;
-}
+inline Status check_launch(const char* what) { return launch_status(std::string("backward: launching ") + what); }
 
 inline unsigned grid_for(int64_t work, int threads) {
   int64_t blocks = (work + threads - 1) / threads;
@@ -908,11 +903,7 @@ Status launch_typed(const Problem& p, const Plan& plan, cudaStream_t st, void* w
   }
 
   auto kfn = bwd_main<T, kC>;
-  if (plan.smem > 48 * 1024) {
-    if (cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem)) !=
-        cudaSuccess)
-      return check_launch("cudaFuncSetAttribute(backward shared memory)");
-  }
+  if (Status s = set_smem(kfn, plan.smem, "backward"); s != SELSCAN_STATUS_SUCCESS) return s;
   int64_t blocks = p.batch * p.groups * plan.slots;
   if (blocks > 0x7fffffff) blocks = 0x7fffffff;  // the kernel loops over the rest
   kfn<<<static_cast<unsigned>(blocks), 32 * plan.warps, plan.smem, st>>>(a);

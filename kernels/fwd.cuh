@@ -21,6 +21,7 @@
 #include "common.cuh"
 #include "errors.h"
 #include "fwd_ts.cuh"
+#include "launch_check.cuh"
 #include "problem.h"
 
 namespace selscan::kern {
@@ -309,15 +310,17 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
   }
 }
 
-// Checks a launch and sets the dynamic shared memory limit above the default 48 KB when a kernel needs it.
-template <typename Kernel>
-Status set_smem(Kernel* kernel, size_t smem, const char* what) {
-  if (smem <= 48 * 1024) return SELSCAN_STATUS_SUCCESS;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string(what) + ": cudaFuncSetAttribute(shared memory) failed: " +
-                                               cudaGetErrorString(e));
-  return SELSCAN_STATUS_SUCCESS;
+// Launches one forward kernel of `blocks` blocks (1-D grid) with the shared checks; `per_block` channels per
+// block names the grid limit in the message.
+template <typename Kernel, typename... Args>
+Status launch_checked(Kernel* kernel, int64_t blocks, int per_block, int threads, size_t smem, cudaStream_t stream,
+                      const Args&... args) {
+  if (blocks > 0x7fffffffLL)
+    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(per_block) +
+                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
+  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(args...);
+  return launch_status("forward: launching the kernel");
 }
 
 // One configuration (K steps per lane, launch-bounds occupancy hint) of the forward for itype T.
@@ -327,20 +330,11 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
   const int64_t cpg = p.dim / p.groups;
   const int warps = static_cast<int>(std::min<int64_t>(kFwdMaxWarps, cpg));
   const int64_t tiles = (cpg + warps - 1) / warps;
-  const int64_t blocks = p.batch * p.groups * tiles;
-  if (blocks > 0x7fffffffLL)
-    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(warps) +
-                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
   const size_t stage = static_cast<size_t>(Tr::kStateTile) * K * Tr::kCw * 32 * sizeof(float);
   const size_t smem = (p.var_B ? stage : 0) + (p.var_C ? stage : 0) +
                       static_cast<size_t>(warps) * p.dstate * kSlots * sizeof(typename Tr::W);
-  auto* kernel = &fwd_kernel<T, kComplex, K, kMinBlocks>;
-  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
-  kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p, tiles);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward kernel launch failed: ") + cudaGetErrorString(e));
-  return SELSCAN_STATUS_SUCCESS;
+  return launch_checked(&fwd_kernel<T, kComplex, K, kMinBlocks>, p.batch * p.groups * tiles, warps, warps * 32, smem,
+                        stream, p, tiles);
 }
 
 // Which forward kernel runs: SELSCAN_FWD_KERNEL=warp|ts forces one (tests and benchmark comparisons; a forced
@@ -368,23 +362,15 @@ Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
   ts::Cfg cfg;
   if (!ts::plan(p, sms, Vec16<T>::kElems, fwd_choice() == FwdChoice::ts, &cfg)) return SELSCAN_STATUS_SUCCESS;
   *used = true;
-  const int64_t blocks = p.batch * p.groups * cfg.tiles_per_group;
-  if (blocks > 0x7fffffffLL)
-    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(cfg.ch) +
-                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
   const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
   const int64_t warps = p.batch * p.dim * cfg.tpc / 32;
   auto* kernel = warps > 16LL * sms ? &ts::fwd_ts_kernel<T, 5> : &ts::fwd_ts_kernel<T, 4>;
-  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
-  kernel<<<static_cast<unsigned>(blocks), cfg.ch * cfg.tpc, smem, stream>>>(p, cfg);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR, std::string("forward kernel launch failed: ") + cudaGetErrorString(e));
-  return SELSCAN_STATUS_SUCCESS;
+  return launch_checked(kernel, p.batch * p.groups * cfg.tiles_per_group, cfg.ch, cfg.ch * cfg.tpc, smem, stream, p,
+                        cfg);
 }
 
-// The configuration the library ships per (itype, real/complex): the thread-states kernel for real weights,
-// dstate <= 64 and enough parallelism; the warp-scan kernel otherwise (see fwd_choice for the override).
+// The configuration the library ships per (itype, real/complex): the thread-states kernel where ts::plan accepts
+// the problem (real weights, the validated dstates, enough parallelism); the warp-scan kernel otherwise (see fwd_choice for the override).
 template <typename T, bool kComplex>
 Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
   if constexpr (kComplex) {
