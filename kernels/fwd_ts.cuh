@@ -149,9 +149,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   for (int i = tid; i < (var_B ? TT * NP : 0) + (var_C ? TT * NP : 0); i += nthreads) sB[i] = 0.f;
   __syncthreads();
 
-  // ---- stage / epilogue role: the 16-byte vector q = tid of the [CH][TT] u/delta tile (channel qc, steps qt..)
-  // and of the [N][TT] B/C tiles (state qn, steps qbt..). Row pointers are recomputed per use: registers are the
-  // scarce resource here, not integer arithmetic.
+  // ---- stage / epilogue role: thread tid owns 16-byte vector tid of the [CH][TT] u/delta tile (row qc, steps
+  // qt..) and of the [N][TT] B/C tiles (row qn = qc, the same steps). Row pointers are recomputed per use:
+  // registers are the scarce resource here, not integer arithmetic.
   const int vpr = TT / V;  // vectors per row
   const int qc = tid / vpr, qt = (tid % vpr) * V;
   const bool vact = tid < CH * vpr && qc < nch;
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const bool vec_in = aligned16(u_row) && aligned16(dt_row);
   const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dq * p.D.s[0]) : 0.f;
   const float dbias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + dq * p.delta_bias.s[0]) : 0.f;
-  const int qn = tid / vpr;
+  const int qn = qc;  // the same vector index, read as a state row of the B/C tiles
   const bool bact = qn < N;
   const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
@@ -226,7 +226,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     const int64_t t0 = it * TT;
     __syncthreads();  // the staged tile is visible; the previous epilogue is done with sY
     if (it + 1 < ntiles) prefetch(t0 + TT);
-    if (has_z && vact) rz = load_row16(static_cast<const T*>(p.z.p) + row(p.z), t0 + qt, L, aligned16(static_cast<const T*>(p.z.p) + row(p.z)));
+    if (has_z && vact) {
+      const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
+      rz = load_row16(z_row, t0 + qt, L, aligned16(z_row));
+    }
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
       const float* du_row = sDu + cc * ROW;
@@ -287,13 +290,12 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       T* out_row = static_cast<T*>(p.out.p) + row(p.out);
       store_row16(out_row, t0 + qt, L, aligned16(out_row), y);
       if (has_z) {
-        const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
         T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
         float zz[V];
         unpack16<T>(rz, zz);
 #pragma unroll
         for (int j = 0; j < V; ++j) zz[j] = y[j] * silu(zz[j]);
-        store_row16(oz_row, t0 + qt, L, aligned16(oz_row) && aligned16(z_row), zz);
+        store_row16(oz_row, t0 + qt, L, aligned16(oz_row), zz);
       }
     }
     if (it + 1 < ntiles) stage(t0 + TT);
