@@ -128,7 +128,8 @@ __device__ __forceinline__ W warp_sum(W v) {
 }
 
 // Two independent inclusive warp scans at once (their shuffles overlap): two forward ones, or a forward
-// (lane order) and a reverse (lane 31 first) one. Same compositions as common.cuh's warp_scan_fwd/rev.
+// (lane order) and a reverse one. Both compose like common.cuh's warp_scan_fwd, the reverse one with lane 31
+// first.
 template <typename W>
 __device__ __forceinline__ void warp_scan_fwd2(W& a0, W& b0, W& a1, W& b1, int lane) {
 #pragma unroll
@@ -169,20 +170,6 @@ template <bool kC>
 __device__ __forceinline__ void st_w(void* base, int64_t off, typename WT<kC>::W v) {
   if constexpr (kC) static_cast<float2*>(base)[off] = v;
   else static_cast<float*>(base)[off] = v;
-}
-
-// K values of a variable B/C row (complex: K interleaved pairs) as weights.
-template <typename T, bool kC>
-__device__ __forceinline__ void load_var(const T* row, int64_t t0, int64_t L, bool vec,
-                                         typename WT<kC>::W (&out)[kItems]) {
-  if constexpr (kC) {
-    float tmp[2 * kItems];
-    load_run<T, 2 * kItems>(row, 2 * t0, 2 * L, vec, tmp);
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) out[k] = make_float2(tmp[2 * k], tmp[2 * k + 1]);
-  } else {
-    load_run<T, kItems>(row, t0, L, vec, out);
-  }
 }
 
 template <typename T>
@@ -276,32 +263,6 @@ __device__ __forceinline__ void read_staged(const uint4* row, int lane, typename
   for (int k = 0; k < kItems; ++k) {
     if constexpr (kC) out[k] = make_float2(f[2 * k], f[2 * k + 1]);
     else out[k] = f[k];
-  }
-}
-
-// A lane's K weights of one staged row.
-template <bool kC>
-__device__ __forceinline__ void read_row(const float4* row, int lane, typename WT<kC>::W (&out)[kItems]) {
-#pragma unroll
-  for (int j = 0; j < kItems * WT<kC>::kCw / 4; ++j) {
-    const float4 v = row[j * 32 + lane];
-    if constexpr (kC) {
-      out[2 * j] = make_float2(v.x, v.y);
-      out[2 * j + 1] = make_float2(v.z, v.w);
-    } else {
-      out[4 * j] = v.x;
-      out[4 * j + 1] = v.y;
-      out[4 * j + 2] = v.z;
-      out[4 * j + 3] = v.w;
-    }
-  }
-}
-template <bool kC>
-__device__ __forceinline__ void write_row(float4* row, int lane, const typename WT<kC>::W (&in)[kItems]) {
-#pragma unroll
-  for (int j = 0; j < kItems * WT<kC>::kCw / 4; ++j) {
-    if constexpr (kC) row[j * 32 + lane] = make_float4(in[2 * j].x, in[2 * j].y, in[2 * j + 1].x, in[2 * j + 1].y);
-    else row[j * 32 + lane] = make_float4(in[4 * j], in[4 * j + 1], in[4 * j + 2], in[4 * j + 3]);
   }
 }
 

@@ -252,19 +252,4 @@ __device__ __forceinline__ void warp_scan_fwd(W& a, W& b, int lane) {
   }
 }
 
-// The same in reverse lane order (lane 31 first): the backward's suffix scan. Afterwards lane l holds the
-// composition of lanes 31..l.
-template <typename W>
-__device__ __forceinline__ void warp_scan_rev(W& a, W& b, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const W pa = shfl_down(a, off);
-    const W pb = shfl_down(b, off);
-    if (lane + off < 32) {
-      b = wfma(a, pb, b);
-      a = wmul(a, pa);
-    }
-  }
-}
-
 }  // namespace selscan::kern
