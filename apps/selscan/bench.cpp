@@ -37,12 +37,7 @@ struct Row {
 };
 
 CaseSpec shape(int64_t bt, int64_t d, int64_t l, int64_t n, selscan_dtype_t it) {
-  CaseSpec s;
-  s.batch = bt;
-  s.dim = d;
-  s.seqlen = l;
-  s.dstate = n;
-  s.itype = it;
+  CaseSpec s = case_spec(bt, d, l, n, it);
   s.want_last_state = false;  // upstream returns only x (last_state is a slice of it)
   return s;
 }

@@ -468,31 +468,21 @@ struct SelfTestCase {
 
 std::vector<SelfTestCase> self_test_cases() {
   std::vector<SelfTestCase> cases;
-  auto make = [](int64_t bt, int64_t d, int64_t l, int64_t n, int64_t g, selscan_dtype_t it) {
-    CaseSpec s;
-    s.batch = bt;
-    s.dim = d;
-    s.seqlen = l;
-    s.dstate = n;
-    s.groups = g;
-    s.itype = it;
-    return s;
-  };
   // Full upstream feature set, groups, an odd length.
-  cases.push_back({"fp32 var B/C G=2, D, z, bias, softplus", make(2, 8, 777, 8, 2, SELSCAN_DTYPE_FLOAT32)});
+  cases.push_back({"fp32 var B/C G=2, D, z, bias, softplus", case_spec(2, 8, 777, 8, SELSCAN_DTYPE_FLOAT32, 2)});
   // Two chunks (the carry through x), constant B (the h/B convention of x), bf16.
-  SelfTestCase c2{"bf16 const B, var C, 2 chunks", make(1, 4, 2500, 16, 1, SELSCAN_DTYPE_BFLOAT16)};
+  SelfTestCase c2{"bf16 const B, var C, 2 chunks", case_spec(1, 4, 2500, 16, SELSCAN_DTYPE_BFLOAT16)};
   c2.spec.var_B = false;
   c2.spec.has_z = false;
   cases.push_back(c2);
   // fp16, no D, no softplus, var B with constant C.
-  SelfTestCase c3{"fp16 var B, const C, z, no D/softplus", make(2, 6, 100, 4, 1, SELSCAN_DTYPE_FLOAT16)};
+  SelfTestCase c3{"fp16 var B, const C, z, no D/softplus", case_spec(2, 6, 100, 4, SELSCAN_DTYPE_FLOAT16)};
   c3.spec.var_C = false;
   c3.spec.has_D = false;
   c3.spec.softplus = false;
   cases.push_back(c3);
   // Constant B and C together, deterministic backward.
-  SelfTestCase c4{"fp32 const B/C, deterministic bwd", make(3, 4, 64, 16, 1, SELSCAN_DTYPE_FLOAT32)};
+  SelfTestCase c4{"fp32 const B/C, deterministic bwd", case_spec(3, 4, 64, 16, SELSCAN_DTYPE_FLOAT32)};
   c4.spec.var_B = c4.spec.var_C = false;
   c4.spec.has_bias = false;
   c4.spec.deterministic = true;

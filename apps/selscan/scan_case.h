@@ -30,6 +30,18 @@ struct CaseSpec {
   double state_updates() const { return double(batch) * double(dim) * double(seqlen) * double(dstate); }
 };
 
+// A case of the given shape with every other field at its default.
+inline CaseSpec case_spec(int64_t bt, int64_t d, int64_t l, int64_t n, selscan_dtype_t it, int64_t groups = 1) {
+  CaseSpec s;
+  s.batch = bt;
+  s.dim = d;
+  s.seqlen = l;
+  s.dstate = n;
+  s.groups = groups;
+  s.itype = it;
+  return s;
+}
+
 // Tensors of a case, inputs then outputs. Bwd-only inputs/outputs follow the forward ones.
 enum Tensor : int {
   kU, kDelta, kA, kB, kC, kD, kZ, kBias,             // forward inputs
