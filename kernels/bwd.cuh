@@ -52,6 +52,12 @@ struct Plan {
   int64_t var_elems = 0;         // Bt*G*N*Lp floats of one variable dB/dC image
   int64_t var_row = 0;           // Lp = L*cw rounded up to a multiple of 4 (whole float4 atomics)
   bool lane_acc = false;         // per-lane partials of the per-state sums
+  // The thread-states kernel (bwd_ts.cuh) when it serves the call; the fields above that it shares: nacc/accB/
+  // accC, off_pw/off_ps/off_vb/off_vc, var_elems/var_row.
+  bool ts = false;
+  int ts_tpc = 0, ts_grid = 0, ts_ntc = 0;  // warps per block, blocks, tiles per chunk
+  int64_t ts_tiles = 0, ts_items = 0;       // channel tiles per group, work items (b, g, tile)
+  size_t ts_smem = 0, ts_ck_bytes = 0, off_ck = 0;  // shared memory; checkpoint workspace and its offset
 };
 
 Plan make_plan(const Problem& p, cuda::Family f);
@@ -186,27 +192,6 @@ template <bool kC>
 __device__ __forceinline__ typename WT<kC>::W decay(float delta, typename WT<kC>::W a2) {
   if constexpr (kC) return cexp2_fast(delta * a2.x, delta * a2.y);
   else return exp2_fast(delta * a2);
-}
-
-// cp.async (sm_80+): global -> shared copies that need no registers, so the next round's rows load while the
-// current one computes. Older targets copy synchronously (same layout, no overlap).
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gsrc) : "memory");
-#else
-  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gsrc);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_prev() {  // all but the most recent group have landed
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
 }
 
 template <typename T, bool kC>
@@ -825,73 +810,6 @@ __global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, i
     const int64_t b = row / (N * G);
     static_cast<T*>(out.p)[b * out.s[0] + g * out.s[1] + n * out.s[2] + t] = from_f32<T>(s);
   }
-}
-
-inline Status check_launch(const char* what) { return launch_status(std::string("backward: launching ") + what); }
-
-inline unsigned grid_for(int64_t work, int threads) {
-  int64_t blocks = (work + threads - 1) / threads;
-  if (blocks < 1) blocks = 1;
-  if (blocks > 65536) blocks = 65536;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(blocks);
-}
-
-template <typename T, bool kC>
-Status launch_typed(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  char* base = static_cast<char*>(ws);
-  Args a{};
-  a.p = p;
-  a.tiles_per_group = plan.tiles_per_group;
-  a.slots = plan.slots;
-  a.tiles_per_slot = plan.tiles_per_slot;
-  a.var_elems = plan.var_elems;
-  a.var_row = plan.var_row;
-  a.lane_acc = plan.lane_acc;
-  a.stile = plan.stile;
-  a.nacc = plan.nacc;
-  a.accB = plan.accB;
-  a.accC = plan.accC;
-  a.det_var = plan.det_var;
-  a.pw = reinterpret_cast<float*>(base + plan.off_pw);
-  a.ps = reinterpret_cast<float*>(base + plan.off_ps);
-  a.vb = p.var_B ? reinterpret_cast<float*>(base + plan.off_vb) : nullptr;
-  a.vc = p.var_C ? reinterpret_cast<float*>(base + plan.off_vc) : nullptr;
-
-  if (!plan.det_var) {
-    const size_t bytes = static_cast<size_t>(plan.var_elems) * sizeof(float);
-    if (p.var_B && cudaMemsetAsync(a.vb, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dB)");
-    if (p.var_C && cudaMemsetAsync(a.vc, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dC)");
-  }
-
-  auto kfn = bwd_main<T, kC>;
-  if (Status s = set_smem(kfn, plan.smem, "backward"); s != SELSCAN_STATUS_SUCCESS) return s;
-  int64_t blocks = p.batch * p.groups * plan.slots;
-  if (blocks > 0x7fffffff) blocks = 0x7fffffff;  // the kernel loops over the rest
-  kfn<<<static_cast<unsigned>(blocks), 32 * plan.warps, plan.smem, st>>>(a);
-  if (Status s = check_launch("the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
-
-  bwd_params<kC><<<grid_for(p.dim * p.dstate, 256), 256, 0, st>>>(a);
-  if (Status s = check_launch("the backward parameter reduction"); s != SELSCAN_STATUS_SUCCESS) return s;
-
-  const int64_t Lr = p.seqlen * (kC ? 2 : 1);
-  const int64_t rows = p.batch * p.groups * p.dstate;
-  const int64_t nimg = plan.det_var ? plan.slots : 1;
-  if (p.var_B) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vb, nimg, plan.var_elems, plan.var_row, p.dB,
-                                                             p.groups, p.dstate, Lr, rows);
-    if (Status s = check_launch("the dB conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
-  }
-  if (p.var_C) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vc, nimg, plan.var_elems, plan.var_row, p.dC,
-                                                             p.groups, p.dstate, Lr, rows);
-    if (Status s = check_launch("the dC conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
-  }
-  return SELSCAN_STATUS_SUCCESS;
-}
-
-template <typename T>
-Status launch(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  return p.is_complex ? launch_typed<T, true>(p, plan, st, ws) : launch_typed<T, false>(p, plan, st, ws);
 }
 
 }  // namespace selscan::kern::bwd

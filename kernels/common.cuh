@@ -168,6 +168,33 @@ __device__ __forceinline__ void store_row16(T* row, int64_t t, int64_t L, bool v
     if (t + j < L) row[t + j] = from_f32<T>(in[j]);
 }
 
+// ---------------------------------------------------------------------------------------------- async copies
+// cp.async (sm_80+): global -> shared copies that need no registers, so the next round's rows load while the
+// current one computes. Older targets copy synchronously (same layout, no overlap).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gsrc) : "memory");
+#else
+  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gsrc);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_prev() {  // all but the most recent group have landed
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {  // every committed group has landed
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------- fast math
 // exp2 as upstream's --use_fast_math build runs it: ex2.approx.ftz (flushes denormal results to zero).
 __device__ __forceinline__ float exp2_fast(float x) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bwd.cuh"
+#include "bwd_ts.cuh"
 #include "cuda/launch.h"
 
 namespace selscan::kern::bwd {
@@ -94,6 +95,11 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   if (p.var_B) off = align_up(off + img);
   pl.off_vc = off;
   if (p.var_C) off = align_up(off + img);
+  const ts::BwdChoice choice = ts::bwd_choice();
+  if (choice != ts::BwdChoice::warp && ts::plan(p, choice == ts::BwdChoice::ts, &pl)) {
+    pl.off_ck = off;
+    off = align_up(off + pl.ts_ck_bytes);
+  }
   pl.total = off;
   return pl;
 }

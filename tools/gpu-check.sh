@@ -51,20 +51,20 @@ fi
 
 if want sanitize; then
   # Every tool over everything but the size and non-finite tests (the GpuLimits* ones take minutes under these
-  # tools), then the forward matrix again with the thread-states kernel forced (the small test shapes otherwise run
-  # the warp-scan kernel). SANITIZE_TIMEOUT caps each tool's run (seconds).
+  # tools), then the forward and backward tests again with the thread-states kernels forced (the small test shapes
+  # otherwise run the warp-scan kernels). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ]; then
     filter=${SANITIZE_FILTER:-'-GpuLimits*'}
     for tool in ${SANITIZERS:-memcheck racecheck synccheck initcheck}; do
       for kernel in auto ts; do
         f=$filter
-        [ "$kernel" = ts ] && f='*GpuFwd*:GpuStreams*'
+        [ "$kernel" = ts ] && f='*GpuFwd*:GpuStreams*:BwdGpu*:BwdGolden*'
         log="$OUT/sanitizer-$tool-$kernel.log"
-        SELSCAN_FWD_KERNEL=$kernel timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
+        SELSCAN_FWD_KERNEL=$kernel SELSCAN_BWD_KERNEL=$kernel timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
           --error-exitcode 9 "$gpu_tests" --gtest_filter="$f" >"$log" 2>&1
         rc=$?
-        note "compute-sanitizer $tool (forward kernel $kernel, $f): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1), $(grep -c '^\[       OK' "$log") tests OK"
+        note "compute-sanitizer $tool (kernels $kernel, $f): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1), $(grep -c '^\[       OK' "$log") tests OK"
       done
     done
   else

@@ -695,6 +695,28 @@ TEST_F(BwdGpu, Dstates) {
   }
 }
 
+// Shapes for the thread-states backward (run with SELSCAN_BWD_KERNEL=ts by the gpu.bwd_ts ctest entries; the
+// default choice sends these small grids to the warp-scan kernel): several 32-channel tiles with a partial last
+// one, groups that split a tile, every threads-per-channel count (dstate 3, 8, 13, 16), three chunks with a
+// partial last tile, h0 with constant B, and the 16-bit itypes.
+TEST_F(BwdGpu, ThreadStatesShapes) {
+  const int64_t Ns[] = {3, 8, 13, 16};
+  for (int i = 0; i < 4; ++i) {
+    Cfg c;
+    c.N = Ns[i];
+    c.D = 70;
+    c.G = i == 1 ? 2 : 1;
+    c.Bt = 3;
+    c.L = i == 2 ? 4100 : 600 + 7 * i;
+    c.varB = i != 3;
+    c.varC = i != 0;
+    c.h0 = i == 3;
+    c.itype = i == 1 ? SELSCAN_DTYPE_BFLOAT16 : i == 2 ? SELSCAN_DTYPE_FLOAT16 : SELSCAN_DTYPE_FLOAT32;
+    c.seed = 900 + static_cast<uint32_t>(i);
+    run_case(c);
+  }
+}
+
 TEST_F(BwdGpu, UnusualStrides) {
   for (int vb = 0; vb < 2; ++vb) {
     Cfg c;

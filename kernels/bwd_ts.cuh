@@ -1,0 +1,576 @@
+// The backward for real weights, dstate <= 16 and large grids, in the forward's thread-states mapping
+// (fwd_ts.cuh): every thread owns kS = 4 states of one channel and runs their recurrences sequentially in time,
+// so there is no scan across threads.
+//
+// Why: the warp-scan backward (bwd.cuh) spends about 50 instructions per state update on scans, folds and
+// per-state barriers. Here an update costs about 11 in the reverse sweep (ex2 argument, ex2, dh, ā h, dA, dB,
+// dC, the du/ddelta sums) plus about 4 for each forward recomputation, and a cross-channel reduction of
+// variable dB/dC.
+//
+// Mapping: a block = (batch b, kCh = 32 consecutive channels of one group); warp k holds states 4k..4k+3 and lane
+// c channel c (so a warp reads one B/C float4 per step, broadcast, and reduces dB/dC over its 32 lanes). Time
+// runs chunk by chunk (the chunks of x) in reverse; per chunk:
+//   pass A: from the chunk's seed (x of the previous chunk, h0 or 0) forward over the chunk, storing the state
+//           at every kTT-step tile start in the workspace (only this block's current chunk: [grid][tiles][threads]);
+//   pass B: tiles in reverse. Recompute the tile forward from its checkpoint keeping every step's state in
+//           registers (kTT x kS), then sweep it backwards: dh = dout C + g, g = ā dh (the carry into the step
+//           before), dA/const dB/dC in registers, the du/ddelta sums over the thread's states per step to shared
+//           memory (summed over the block's warps in the epilogue), variable dB/dC per step through a
+//           per-warp shared buffer summed over the 32 channels every two steps, then one float4 atomic per
+//           (state, 4 steps) and block into the fp32 image.
+// Inputs of a tile are copied raw into shared memory with cp.async while the previous tile computes, then
+// converted once (softplus, the z gate, dz and out_z) by the thread that owns those (channel, 4 steps).
+// Per-(b,d) partials of dA, constant dB/dC, dD and ddelta_bias go to the workspace like the warp-scan
+// kernel's and are summed over batch by bwd_params in fixed order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "bwd.cuh"
+#include "common.cuh"
+#include "problem.h"
+
+namespace selscan::kern::bwd::ts {
+
+constexpr int kS = 4;          // states per thread
+constexpr int kCh = 32;        // channels per block; lane = channel
+constexpr int kTT = 16;        // steps per tile: a tile's per-thread state history (kTT x kS) lives in registers
+constexpr int kMaxTpc = 4;     // threads (warps) per channel: dstate <= 16
+constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-aligned; lanes' float4 reads conflict-free
+constexpr int64_t kMinWarps = 1024;  // less parallelism than this: the warp-scan backward (see plan)
+constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoint workspace
+
+// Shared memory layout in floats (host and device agree).
+struct Layout {
+  int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, raw, total;
+};
+__host__ __device__ inline Layout layout(int tpc, int isz) {
+  Layout l{};
+  const int ch = kCh * kRow, np = tpc * kS;
+  int o = 0;
+  l.dl = o; o += ch;   // delta' (after bias and softplus)      [ch][kRow]
+  l.du = o; o += ch;   // delta' u
+  l.dt = o; o += ch;   // dout after the z gate
+  l.u = o; o += ch;    // u
+  l.sp = o; o += ch;   // d softplus / d delta (1 without softplus)
+  l.sB = o; o += kTT * np;  // variable B, C as float [t][state]
+  l.sC = o; o += kTT * np;
+  l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
+  l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
+  l.red = o; o += tpc * 2 * 32 * 8;  // per warp: two steps of 8 dB/dC values per lane
+  l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
+  l.dC = o; o += np * kTT;
+  o = (o + 3) / 4 * 4;
+  l.raw = o;  // raw itype rows: u, delta, dout, z, out [5][ch][kTT]; B, C [2][np][kTT]
+  o += (5 * kCh * kTT * isz + 2 * np * kTT * isz + 3) / 4;
+  l.total = o;
+  return l;
+}
+
+// Which backward kernel runs: SELSCAN_BWD_KERNEL=warp|ts forces one (tests and benchmark comparisons; a forced
+// ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto` lets
+// the plan choose. Read once per process, so workspace queries and launches agree.
+enum class BwdChoice { automatic, warp, ts };
+inline BwdChoice bwd_choice() {
+  static const BwdChoice c = [] {
+    const char* e = std::getenv("SELSCAN_BWD_KERNEL");
+    const std::string v = e != nullptr ? e : "";
+    if (v == "warp") return BwdChoice::warp;
+    if (v == "ts") return BwdChoice::ts;
+    return BwdChoice::automatic;
+  }();
+  return c;
+}
+
+// The launch shape for p, or false when this kernel should not serve it: complex weights, dstate > 16,
+// deterministic variable dB/dC (they are summed with atomics here), or fewer than kMinWarps warps in all
+// (one long sequence, say), where the warp-scan kernel, which also spreads time over lanes, keeps the GPU busier.
+// A pure function of the problem, so the workspace query and the launch agree. `forced` skips the parallelism
+// rule (tests and benchmarks run this kernel on any shape it can serve).
+inline bool plan(const Problem& p, bool forced, Plan* pl) {
+  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+  if (p.deterministic && (p.var_B || p.var_C)) return false;
+  int tpc = 1;
+  while (tpc * kS < p.dstate) tpc *= 2;
+  const int64_t cpg = p.dim / p.groups;
+  const int64_t tiles = (cpg + kCh - 1) / kCh;
+  const int64_t items = p.batch * p.groups * tiles;
+  if (!forced && items * tpc < kMinWarps) return false;
+  const int isz = p.itype == Dtype::f32 ? 4 : 2;
+  pl->ts = true;
+  pl->ts_tpc = tpc;
+  pl->ts_tiles = tiles;
+  pl->ts_items = items;
+  pl->ts_grid = static_cast<int>(items < kMaxGrid ? items : kMaxGrid);
+  const int64_t lc = p.seqlen < kChunk ? p.seqlen : kChunk;
+  pl->ts_ntc = static_cast<int>((lc + kTT - 1) / kTT);
+  pl->ts_smem = static_cast<size_t>(layout(tpc, isz).total) * sizeof(float);
+  pl->ts_ck_bytes = static_cast<size_t>(pl->ts_grid) * pl->ts_ntc * kCh * tpc * sizeof(float4);
+  return true;
+}
+
+// 4 consecutive itype values of a raw shared-memory row as floats.
+template <typename T>
+__device__ __forceinline__ void raw4(const unsigned char* q, float (&o)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(q);
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(q);
+    const uint4 w = make_uint4(v.x, v.y, 0u, 0u);
+    float f[8];
+    unpack16<T>(w, f);
+    o[0] = f[0]; o[1] = f[1]; o[2] = f[2]; o[3] = f[3];
+  }
+}
+
+// 4 values into a row at time t (t a multiple of 4): one vector store when aligned and inside L; else per element.
+template <typename T>
+__device__ __forceinline__ void store4(T* row, int64_t t, int64_t L, const float (&v)[4]) {
+  T* q = row + t;
+  if (t + 4 <= L && (reinterpret_cast<uintptr_t>(q) & (4 * sizeof(T) - 1)) == 0) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      float f[8] = {v[0], v[1], v[2], v[3], 0.f, 0.f, 0.f, 0.f};
+      const uint4 w = pack16<T>(f);
+      *reinterpret_cast<uint2*>(q) = make_uint2(w.x, w.y);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (t + j < L) q[j] = from_f32<T>(v[j]);
+}
+
+__device__ __forceinline__ float4 ld4(const float* q) { return *reinterpret_cast<const float4*>(q); }
+__device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Plan pl, float4* ck) {
+  constexpr int isz = static_cast<int>(sizeof(T));
+  constexpr int VE = 16 / isz;   // itype elements per 16-byte chunk
+  constexpr int QPR = kTT / VE;  // chunks per raw tile row
+  const Problem& p = args.p;
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  const int TPC = pl.ts_tpc, NT = kCh * TPC, NP = TPC * kS;
+  const Layout lay = layout(TPC, isz);
+  float* sDl = sm + lay.dl;
+  float* sDu = sm + lay.du;
+  float* sDt = sm + lay.dt;
+  float* sU = sm + lay.u;
+  float* sSp = sm + lay.sp;
+  float* sB = sm + lay.sB;
+  float* sC = sm + lay.sC;
+  float* sGu = sm + lay.gu;
+  float* sAq = sm + lay.aq;
+  float* sDB = sm + lay.dB;
+  float* sDC = sm + lay.dC;
+  unsigned char* raw = reinterpret_cast<unsigned char*>(sm + lay.raw);
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
+  float* red = sm + lay.red + k * (2 * 32 * 8);
+  const int64_t L = p.seqlen, N = p.dstate, G = p.groups, D = p.dim, Bt = p.batch;
+  const int64_t cpg = D / G;
+  const bool varB = p.var_B, varC = p.var_C;
+  const bool hasZ = p.z.p != nullptr, hasOz = hasZ && p.out_z.p != nullptr;
+  float4* myck = ck + static_cast<int64_t>(blockIdx.x) * pl.ts_ntc * NT + tid;  // [tile][NT]
+
+  // Padded state columns (n >= N) of sB/sC stay 0: staging writes only n < N.
+  for (int i = tid; i < 2 * kTT * NP; i += NT) sB[i] = 0.f;  // sB and sC are adjacent
+
+  for (int64_t item = blockIdx.x; item < pl.ts_items; item += gridDim.x) {
+    const int64_t tile = item % pl.ts_tiles;
+    const int64_t g = (item / pl.ts_tiles) % G;
+    const int64_t b = item / (pl.ts_tiles * G);
+    const int64_t c0 = g * cpg + tile * kCh;  // first channel of the block
+    const int nch = static_cast<int>(cpg - tile * kCh < kCh ? cpg - tile * kCh : kCh);
+    const bool cact = lane < nch;
+    const int64_t d = c0 + (cact ? lane : 0);
+
+    // ---- this thread's states n = k*kS + s of channel d
+    float a2[kS], Aw[kS], Bc[kS], Cc[kS], gc[kS], dA[kS], aB[kS], aC[kS];
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      const int64_t n = static_cast<int64_t>(k) * kS + s;
+      const bool ok = cact && n < N;
+      Aw[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) : 0.f;
+      a2[s] = Aw[s] * kLog2e;
+      Bc[s] = (ok && !varB) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
+      Cc[s] = (ok && !varC) ? __ldg(static_cast<const float*>(p.C.p) + d * p.C.s[0] + n * p.C.s[1]) : 0.f;
+      gc[s] = dA[s] = aB[s] = aC[s] = 0.f;
+    }
+    const float Dd = (cact && p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + d * p.D.s[0]) : 0.f;
+    const float bias = (cact && p.delta_bias.p != nullptr)
+                           ? __ldg(static_cast<const float*>(p.delta_bias.p) + d * p.delta_bias.s[0])
+                           : 0.f;
+    float eD = 0.f, eB = 0.f;  // this thread's share of dD and ddelta_bias (fixed (channel, steps) assignment)
+
+    // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C.
+    const auto issue = [&](int64_t t0, bool full) {
+      const int nten = full ? (hasZ ? 5 : 3) : 2;
+      const int nrow = nten * kCh;
+      const int nB = varB ? static_cast<int>(N) : 0;
+      const int nC = (full && varC) ? static_cast<int>(N) : 0;
+      const int items = (nrow + nB + nC) * QPR;
+      for (int i = tid; i < items; i += NT) {
+        const int r = i / QPR, q = i - r * QPR;
+        const T* src = nullptr;
+        unsigned char* dst;
+        if (r < nrow) {
+          const int ten = r / kCh, c = r - ten * kCh;
+          const View& v = ten == 0 ? p.u : ten == 1 ? p.delta : ten == 2 ? p.dout : ten == 3 ? p.z : p.out;
+          if (c < nch) src = static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1];
+          dst = raw + ((ten * kCh + c) * kTT + q * VE) * isz;
+        } else {
+          int n = r - nrow;
+          const bool isC = n >= nB;
+          if (isC) n -= nB;
+          const View& v = isC ? p.C : p.B;
+          src = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + n * v.s[2];
+          dst = raw + ((5 * kCh + (isC ? NP : 0) + n) * kTT + q * VE) * isz;
+        }
+        const int64_t e = t0 + q * VE;
+        if (src != nullptr && e + VE <= L && aligned16(src + e)) {
+          cp_async16(dst, src + e);
+        } else {
+          uint32_t w[4] = {0u, 0u, 0u, 0u};
+          if (src != nullptr) {
+#pragma unroll
+            for (int j = 0; j < VE; ++j) {
+              if (e + j >= L) break;
+              if constexpr (isz == 4) w[j] = __float_as_uint(src[e + j]);
+              else w[j / 2] |= static_cast<uint32_t>(bits16(src[e + j])) << (16 * (j % 2));
+            }
+          }
+          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      cp_async_commit();
+    };
+
+    // ---- conversion of the landed raw tile: thread (lane = channel, group of 4 steps)
+    const auto prep = [&](int64_t t0, bool full) {
+      for (int grp = k; grp < kTT / 4; grp += TPC) {
+        const int tl = grp * 4;
+        float uu[4], dl[4], dt[4], zz[4], oo[4], du[4], sp[4], dz[4];
+        raw4<T>(raw + ((0 * kCh + lane) * kTT + tl) * isz, uu);
+        raw4<T>(raw + ((1 * kCh + lane) * kTT + tl) * isz, dl);
+        if (full) {
+          raw4<T>(raw + ((2 * kCh + lane) * kTT + tl) * isz, dt);
+          if (hasZ) {
+            raw4<T>(raw + ((3 * kCh + lane) * kTT + tl) * isz, zz);
+            raw4<T>(raw + ((4 * kCh + lane) * kTT + tl) * isz, oo);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const bool ok = cact && t0 + tl + j < L;
+          float v = dl[j] + bias;
+          sp[j] = 1.f;
+          if (p.softplus) {
+            if (full && v <= 20.f) sp[j] = __fdividef(1.f, 1.f + __expf(-v));
+            v = softplus(v);
+          }
+          if (full && hasZ) {
+            const float sg = __fdividef(1.f, 1.f + __expf(-zz[j]));
+            const float sl = zz[j] * sg;
+            dz[j] = dt[j] * oo[j] * sg * (1.f + zz[j] * (1.f - sg));
+            dt[j] *= sl;
+            oo[j] *= sl;  // recomputed out_z
+          }
+          dl[j] = ok ? v : 0.f;
+          uu[j] = ok ? uu[j] : 0.f;
+          du[j] = dl[j] * uu[j];
+          if (full) {
+            dt[j] = ok ? dt[j] : 0.f;
+            sp[j] = ok ? sp[j] : 0.f;
+          }
+        }
+        const int o = lane * kRow + tl;
+        st4(sDl + o, dl);
+        st4(sDu + o, du);
+        if (full) {
+          st4(sDt + o, dt);
+          st4(sU + o, uu);
+          st4(sSp + o, sp);
+          if (hasZ && cact) {
+            store4<T>(static_cast<T*>(p.dz.p) + b * p.dz.s[0] + d * p.dz.s[1], t0 + tl, L, dz);
+            if (hasOz) store4<T>(static_cast<T*>(p.out_z.p) + b * p.out_z.s[0] + d * p.out_z.s[1], t0 + tl, L, oo);
+          }
+        }
+      }
+      // variable B (and C in pass B) transposed to [t][state]
+      const int nB = varB ? static_cast<int>(N) : 0;
+      const int nC = (full && varC) ? static_cast<int>(N) : 0;
+      for (int i = tid; i < (nB + nC) * (kTT / 4); i += NT) {
+        int n = i / (kTT / 4);
+        const int tl = (i - n * (kTT / 4)) * 4;
+        const bool isC = n >= nB;
+        if (isC) n -= nB;
+        float v[4];
+        raw4<T>(raw + ((5 * kCh + (isC ? NP : 0) + n) * kTT + tl) * isz, v);
+        float* dstp = (isC ? sC : sB) + tl * NP + n;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dstp[j * NP] = v[j];
+      }
+    };
+
+    // ---- pass A compute: advance h over the staged tile
+    const auto advance = [&](float (&h)[kS]) {
+#pragma unroll
+      for (int j4 = 0; j4 < kTT; j4 += 4) {
+        const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
+        const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          float bv[kS];
+          if (varB) {
+            const float4 q = ld4(sB + (j4 + jj) * NP + k * kS);
+            bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+          } else {
+#pragma unroll
+            for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
+          }
+#pragma unroll
+          for (int s = 0; s < kS; ++s) h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
+        }
+      }
+    };
+
+    // ---- pass B compute: recompute the tile with its history, then the reverse sweep
+    const auto sweep = [&](auto vb_tag, auto vc_tag, const float4 hin, int64_t t0) {
+      constexpr bool VB = decltype(vb_tag)::value;
+      constexpr bool VC = decltype(vc_tag)::value;
+      constexpr int V = 4 * ((VB ? 1 : 0) + (VC ? 1 : 0));  // dB/dC values per lane and step
+      float hs[kTT][kS];
+      {
+        float h[kS] = {hin.x, hin.y, hin.z, hin.w};
+#pragma unroll
+        for (int j4 = 0; j4 < kTT; j4 += 4) {
+          const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
+          const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            float bv[kS];
+            if constexpr (VB) {
+              const float4 q = ld4(sB + (j4 + jj) * NP + k * kS);
+              bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+            } else {
+#pragma unroll
+              for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
+            }
+#pragma unroll
+            for (int s = 0; s < kS; ++s) {
+              h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
+              hs[j4 + jj][s] = h[s];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j4 = kTT - 4; j4 >= 0; j4 -= 4) {
+        const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
+        const float4 dt4 = ld4(sDt + lane * kRow + j4);
+        const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+        const float dt[4] = {dt4.x, dt4.y, dt4.z, dt4.w};
+        float gu4[4], aq4[4];
+#pragma unroll
+        for (int jj = 3; jj >= 0; --jj) {
+          const int j = j4 + jj;
+          float bv[kS], cv[kS];
+          if constexpr (VB) {
+            const float4 q = ld4(sB + j * NP + k * kS);
+            bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+          } else {
+#pragma unroll
+            for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
+          }
+          if constexpr (VC) {
+            const float4 q = ld4(sC + j * NP + k * kS);
+            cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
+          } else {
+#pragma unroll
+            for (int s = 0; s < kS; ++s) cv[s] = Cc[s];
+          }
+          float gu = 0.f, aq = 0.f, vals[8];
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+            const float a = exp2_fast(dl[jj] * a2[s]);
+            const float dh = fmaf(dt[jj], cv[s], gc[s]);
+            const float ah = fmaf(-bv[s], du[jj], hs[j][s]);  // ā_t h_{t-1} = h_t - b̄_t
+            const float q = dh * ah;
+            gc[s] = a * dh;  // carried into step t-1
+            dA[s] = fmaf(dl[jj], q, dA[s]);
+            aq = fmaf(Aw[s], q, aq);
+            gu = fmaf(dh, bv[s], gu);
+            const float db = dh * du[jj];
+            const float dc = dt[jj] * hs[j][s];
+            if constexpr (VB) vals[s] = db;
+            else aB[s] += db;
+            if constexpr (VC) vals[(VB ? 4 : 0) + s] = dc;
+            else aC[s] += dc;
+          }
+          gu4[jj] = gu;
+          aq4[jj] = aq;
+          if constexpr (V > 0) {
+            // Two steps of V values per lane, then each output (value, step) summed over the 32 channels by
+            // P = 32 / (2V) lanes, rotated so that the lanes of one value read different banks.
+            float* slot = red + ((j & 1) * 32 + lane) * 8;
+            *reinterpret_cast<float4*>(slot) = make_float4(vals[0], vals[1], vals[2], vals[3]);
+            if constexpr (V == 8) *reinterpret_cast<float4*>(slot + 4) = make_float4(vals[4], vals[5], vals[6], vals[7]);
+            if ((j & 1) == 0) {
+              __syncwarp();
+              constexpr int O = 2 * V, P = 32 / O, CNT = 32 / P;
+              const int o = lane / P, part = lane % P;
+              const int tt = o / V, v = o % V;
+              const int rot = tt * P + part;
+              float sum = 0.f;
+#pragma unroll
+              for (int i = 0; i < CNT; ++i) sum += red[(tt * 32 + part * CNT + ((i + rot) % CNT)) * 8 + v];
+#pragma unroll
+              for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
+              if (part == 0) {
+                const bool isC = !VB || v >= 4;
+                (isC ? sDC : sDB)[(k * kS + (v & 3)) * kTT + j + tt] = sum;
+              }
+              __syncwarp();
+            }
+          }
+        }
+        st4(sGu + (k * kCh + lane) * kRow + j4, gu4);
+        st4(sAq + (k * kCh + lane) * kRow + j4, aq4);
+      }
+      (void)t0;
+    };
+
+    // ---- epilogue of a pass-B tile: du, ddelta (itype), dD/ddelta_bias shares, dB/dC atomics
+    const auto epilogue = [&](int64_t t0) {
+      for (int grp = k; grp < kTT / 4; grp += TPC) {
+        const int tl = grp * 4, o = lane * kRow + tl;
+        const float4 dl = ld4(sDl + o), dt = ld4(sDt + o), uu = ld4(sU + o), sp = ld4(sSp + o);
+        float4 gu = ld4(sGu + o), aq = ld4(sAq + o);
+        for (int kk = 1; kk < TPC; ++kk) {
+          const float4 x = ld4(sGu + kk * kCh * kRow + o), y = ld4(sAq + kk * kCh * kRow + o);
+          gu.x += x.x; gu.y += x.y; gu.z += x.z; gu.w += x.w;
+          aq.x += y.x; aq.y += y.y; aq.z += y.z; aq.w += y.w;
+        }
+        const float vdl[4] = {dl.x, dl.y, dl.z, dl.w}, vdt[4] = {dt.x, dt.y, dt.z, dt.w};
+        const float vu[4] = {uu.x, uu.y, uu.z, uu.w}, vsp[4] = {sp.x, sp.y, sp.z, sp.w};
+        const float vgu[4] = {gu.x, gu.y, gu.z, gu.w}, vaq[4] = {aq.x, aq.y, aq.z, aq.w};
+        float du[4], dd[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          du[j] = fmaf(vdl[j], vgu[j], Dd * vdt[j]);
+          dd[j] = fmaf(vu[j], vgu[j], vaq[j]) * vsp[j];
+          eD = fmaf(vdt[j], vu[j], eD);
+          eB += dd[j];
+        }
+        if (cact) {
+          store4<T>(static_cast<T*>(p.du.p) + b * p.du.s[0] + d * p.du.s[1], t0 + tl, L, du);
+          store4<T>(static_cast<T*>(p.ddelta.p) + b * p.ddelta.s[0] + d * p.ddelta.s[1], t0 + tl, L, dd);
+        }
+      }
+      const int nB = varB ? static_cast<int>(N) : 0;
+      const int nC = varC ? static_cast<int>(N) : 0;
+      for (int i = tid; i < (nB + nC) * (kTT / 4); i += NT) {
+        int n = i / (kTT / 4);
+        const int tl = (i - n * (kTT / 4)) * 4;
+        if (t0 + tl >= L) continue;
+        const bool isC = n >= nB;
+        if (isC) n -= nB;
+        const float4 v = ld4((isC ? sDC : sDB) + n * kTT + tl);
+        float* img = (isC ? args.vc : args.vb) + ((b * G + g) * N + n) * args.var_row + t0 + tl;
+        add_f4(img, v);
+      }
+    };
+
+    for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+      const int64_t cs = c * kChunk;
+      const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
+      const int nt = static_cast<int>((clen + kTT - 1) / kTT);
+      float h[kS];
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const int64_t n = static_cast<int64_t>(k) * kS + s;
+        h[s] = 0.f;
+        if (cact && n < N) {
+          if (c > 0) {
+            h[s] = static_cast<const float*>(p.x.p)[b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1];
+            if (p.fold_B) h[s] *= Bc[s];  // the saved x holds h / B; the backward runs on the true state
+          } else if (p.h0.p != nullptr) {
+            h[s] = static_cast<const float*>(p.h0.p)[b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]];
+          }
+        }
+      }
+      myck[0] = make_float4(h[0], h[1], h[2], h[3]);
+      issue(cs, nt == 1);
+      // pass A: checkpoints at the start of tiles 1 .. nt-1
+      for (int i = 0; i + 1 < nt; ++i) {
+        cp_async_wait_all();
+        __syncthreads();
+        prep(cs + static_cast<int64_t>(i) * kTT, false);
+        __syncthreads();
+        if (i + 2 < nt) issue(cs + static_cast<int64_t>(i + 1) * kTT, false);
+        else issue(cs + static_cast<int64_t>(nt - 1) * kTT, true);
+        advance(h);
+        myck[static_cast<int64_t>(i + 1) * NT] = make_float4(h[0], h[1], h[2], h[3]);
+      }
+      // pass B: tiles in reverse
+      for (int i = nt - 1; i >= 0; --i) {
+        const int64_t t0 = cs + static_cast<int64_t>(i) * kTT;
+        cp_async_wait_all();
+        __syncthreads();
+        prep(t0, true);
+        __syncthreads();
+        if (i > 0) issue(t0 - kTT, true);
+        const float4 hin = myck[static_cast<int64_t>(i) * NT];
+        if (varB) {
+          if (varC) sweep(std::true_type{}, std::true_type{}, hin, t0);
+          else sweep(std::true_type{}, std::false_type{}, hin, t0);
+        } else {
+          if (varC) sweep(std::false_type{}, std::true_type{}, hin, t0);
+          else sweep(std::false_type{}, std::false_type{}, hin, t0);
+        }
+        __syncthreads();
+        epilogue(t0);
+      }
+    }
+
+    // ---- per-(b,d) partials (summed over batch by bwd_params) and dh0
+    const int64_t bd = b * D + d;
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      const int64_t n = static_cast<int64_t>(k) * kS + s;
+      if (!cact || n >= N) continue;
+      args.pw[bd * N + n] = dA[s];
+      if (args.accB >= 0) args.pw[(args.accB * Bt * D + bd) * N + n] = aB[s];
+      if (args.accC >= 0) args.pw[(args.accC * Bt * D + bd) * N + n] = aC[s];
+      if (p.dh0.p != nullptr)
+        static_cast<float*>(p.dh0.p)[b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2]] = gc[s];
+    }
+    __syncthreads();  // the last epilogue is done with shared memory
+    sGu[tid] = eD;
+    sGu[NT + tid] = eB;
+    __syncthreads();
+    if (tid < kCh && cact) {
+      float sD = 0.f, sb = 0.f;
+      for (int kk = 0; kk < TPC; ++kk) {
+        sD += sGu[kk * kCh + tid];
+        sb += sGu[NT + kk * kCh + tid];
+      }
+      args.ps[bd] = sD;
+      args.ps[Bt * D + bd] = sb;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace selscan::kern::bwd::ts
