@@ -47,7 +47,7 @@ constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoi
 
 // Shared memory layout in floats (host and device agree).
 struct Layout {
-  int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, raw, total;
+  int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, acc, eD, raw, total;
 };
 __host__ __device__ inline Layout layout(int tpc, int isz) {
   Layout l{};
@@ -65,6 +65,8 @@ __host__ __device__ inline Layout layout(int tpc, int isz) {
   l.red = o; o += tpc * 2 * 32 * 8;  // per warp: two steps of 8 dB/dC values per lane
   l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
   l.dC = o; o += np * kTT;
+  l.acc = o; o += 2 * kCh * tpc * kS;  // per thread: constant-B/C gradient sums [2][threads][kS]
+  l.eD = o; o += 2 * kCh * kTT / 4;    // per (channel, 4 steps): dD and ddelta_bias shares [2][ch * kTT/4]
   o = (o + 3) / 4 * 4;
   l.raw = o;  // raw itype rows: u, delta, dout, z, out [5][ch][kTT]; B, C [2][np][kTT]
   o += (5 * kCh * kTT * isz + 2 * np * kTT * isz + 3) / 4;
@@ -158,6 +160,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   constexpr int isz = static_cast<int>(sizeof(T));
   constexpr int VE = 16 / isz;   // itype elements per 16-byte chunk
   constexpr int QPR = kTT / VE;  // chunks per raw tile row
+  constexpr int kGrp = kTT / 4;  // groups of 4 steps per tile row
+  constexpr float kLn2 = 0.6931471805599453f;
   const Problem& p = args.p;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
@@ -174,9 +178,11 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   float* sAq = sm + lay.aq;
   float* sDB = sm + lay.dB;
   float* sDC = sm + lay.dC;
+  float* sE = sm + lay.eD;
   unsigned char* raw = reinterpret_cast<unsigned char*>(sm + lay.raw);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
   float* red = sm + lay.red + k * (2 * 32 * 8);
+  float* myacc = sm + lay.acc + tid * kS;  // [2][NT][kS]: constant-B, constant-C gradient sums of this thread
   const int64_t L = p.seqlen, N = p.dstate, G = p.groups, D = p.dim, Bt = p.batch;
   const int64_t cpg = D / G;
   const bool varB = p.var_B, varC = p.var_C;
@@ -195,84 +201,103 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     const bool cact = lane < nch;
     const int64_t d = c0 + (cact ? lane : 0);
 
-    // ---- this thread's states n = k*kS + s of channel d
-    float a2[kS], Aw[kS], Bc[kS], Cc[kS], gc[kS], dA[kS], aB[kS], aC[kS];
+    // ---- compute role: states n = k*kS + s of channel d (lane). Only what every tile needs stays in registers;
+    // constant B/C are re-read per tile (L1) and their gradient sums live in shared memory (myacc).
+    float a2[kS], gc[kS], dA[kS];
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       const int64_t n = static_cast<int64_t>(k) * kS + s;
-      const bool ok = cact && n < N;
-      Aw[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) : 0.f;
-      a2[s] = Aw[s] * kLog2e;
-      Bc[s] = (ok && !varB) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
-      Cc[s] = (ok && !varC) ? __ldg(static_cast<const float*>(p.C.p) + d * p.C.s[0] + n * p.C.s[1]) : 0.f;
-      gc[s] = dA[s] = aB[s] = aC[s] = 0.f;
+      a2[s] = (cact && n < N) ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
+      gc[s] = dA[s] = 0.f;
+      myacc[s] = myacc[NT * kS + s] = 0.f;
     }
-    const float Dd = (cact && p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + d * p.D.s[0]) : 0.f;
-    const float bias = (cact && p.delta_bias.p != nullptr)
-                           ? __ldg(static_cast<const float*>(p.delta_bias.p) + d * p.delta_bias.s[0])
-                           : 0.f;
-    float eD = 0.f, eB = 0.f;  // this thread's share of dD and ddelta_bias (fixed (channel, steps) assignment)
+    const auto load_const = [&](const View& v, float (&out)[kS]) {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const int64_t n = static_cast<int64_t>(k) * kS + s;
+        out[s] = (cact && n < N) ? __ldg(static_cast<const float*>(v.p) + d * v.s[0] + n * v.s[1]) : 0.f;
+      }
+    };
+
+    // ---- staging / epilogue role: item (channel ec, 4 steps eg) with 4 consecutive lanes on one channel, so a
+    // warp's itype stores cover whole 32-byte sectors. Items it = tid + m*NT; the assignment is fixed, so the
+    // dD / ddelta_bias shares (sE) are summed in a fixed order.
+    const auto ech = [&](int it) { return it / kGrp; };
+    for (int it = tid; it < kCh * kGrp; it += NT) sE[it] = sE[kCh * kGrp + it] = 0.f;
 
     // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C.
     const auto issue = [&](int64_t t0, bool full) {
       const int nten = full ? (hasZ ? 5 : 3) : 2;
-      const int nrow = nten * kCh;
-      const int nB = varB ? static_cast<int>(N) : 0;
-      const int nC = (full && varC) ? static_cast<int>(N) : 0;
-      const int items = (nrow + nB + nC) * QPR;
-      for (int i = tid; i < items; i += NT) {
-        const int r = i / QPR, q = i - r * QPR;
-        const T* src = nullptr;
-        unsigned char* dst;
-        if (r < nrow) {
-          const int ten = r / kCh, c = r - ten * kCh;
-          const View& v = ten == 0 ? p.u : ten == 1 ? p.delta : ten == 2 ? p.dout : ten == 3 ? p.z : p.out;
-          if (c < nch) src = static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1];
-          dst = raw + ((ten * kCh + c) * kTT + q * VE) * isz;
-        } else {
-          int n = r - nrow;
-          const bool isC = n >= nB;
-          if (isC) n -= nB;
-          const View& v = isC ? p.C : p.B;
-          src = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + n * v.s[2];
-          dst = raw + ((5 * kCh + (isC ? NP : 0) + n) * kTT + q * VE) * isz;
+      for (int ten = 0; ten < nten; ++ten) {
+        const View& v = ten == 0 ? p.u : ten == 1 ? p.delta : ten == 2 ? p.dout : ten == 3 ? p.z : p.out;
+        for (int i = tid; i < kCh * QPR; i += NT) {
+          const int c = i / QPR, q = i % QPR;
+          const int64_t e = t0 + q * VE;
+          unsigned char* dst = raw + ((ten * kCh + c) * kTT + q * VE) * isz;
+          const T* src = static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1] + e;
+          if (c < nch && e + VE <= L && aligned16(src)) {
+            cp_async16(dst, src);
+          } else {
+            uint32_t w[4] = {0u, 0u, 0u, 0u};
+            if (c < nch) {
+#pragma unroll
+              for (int j = 0; j < VE; ++j) {
+                if (e + j >= L) break;
+                if constexpr (isz == 4) w[j] = __float_as_uint(src[j]);
+                else w[j / 2] |= static_cast<uint32_t>(bits16(src[j])) << (16 * (j % 2));
+              }
+            }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+          }
         }
-        const int64_t e = t0 + q * VE;
-        if (src != nullptr && e + VE <= L && aligned16(src + e)) {
-          cp_async16(dst, src + e);
-        } else {
-          uint32_t w[4] = {0u, 0u, 0u, 0u};
-          if (src != nullptr) {
+      }
+      for (int isC = 0; isC < 2; ++isC) {
+        if (isC ? !(full && varC) : !varB) continue;
+        const View& v = isC ? p.C : p.B;
+        for (int i = tid; i < N * QPR; i += NT) {
+          const int n = i / QPR, q = i % QPR;
+          const int64_t e = t0 + q * VE;
+          unsigned char* dst = raw + ((5 * kCh + isC * NP + n) * kTT + q * VE) * isz;
+          const T* src = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + n * v.s[2] + e;
+          if (e + VE <= L && aligned16(src)) {
+            cp_async16(dst, src);
+          } else {
+            uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
             for (int j = 0; j < VE; ++j) {
               if (e + j >= L) break;
-              if constexpr (isz == 4) w[j] = __float_as_uint(src[e + j]);
-              else w[j / 2] |= static_cast<uint32_t>(bits16(src[e + j])) << (16 * (j % 2));
+              if constexpr (isz == 4) w[j] = __float_as_uint(src[j]);
+              else w[j / 2] |= static_cast<uint32_t>(bits16(src[j])) << (16 * (j % 2));
             }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
           }
-          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
       cp_async_commit();
     };
 
-    // ---- conversion of the landed raw tile: thread (lane = channel, group of 4 steps)
+    // ---- conversion of the landed raw tile (softplus, the z gate, dz, out_z) into float rows
     const auto prep = [&](int64_t t0, bool full) {
-      for (int grp = k; grp < kTT / 4; grp += TPC) {
-        const int tl = grp * 4;
+      for (int it = tid; it < kCh * kGrp; it += NT) {
+        const int c = ech(it), tl = (it % kGrp) * 4;
+        const bool cok = c < nch;
+        const int64_t dc = c0 + (cok ? c : 0);
+        const float bias = (cok && p.delta_bias.p != nullptr)
+                               ? __ldg(static_cast<const float*>(p.delta_bias.p) + dc * p.delta_bias.s[0])
+                               : 0.f;
         float uu[4], dl[4], dt[4], zz[4], oo[4], du[4], sp[4], dz[4];
-        raw4<T>(raw + ((0 * kCh + lane) * kTT + tl) * isz, uu);
-        raw4<T>(raw + ((1 * kCh + lane) * kTT + tl) * isz, dl);
+        raw4<T>(raw + ((0 * kCh + c) * kTT + tl) * isz, uu);
+        raw4<T>(raw + ((1 * kCh + c) * kTT + tl) * isz, dl);
         if (full) {
-          raw4<T>(raw + ((2 * kCh + lane) * kTT + tl) * isz, dt);
+          raw4<T>(raw + ((2 * kCh + c) * kTT + tl) * isz, dt);
           if (hasZ) {
-            raw4<T>(raw + ((3 * kCh + lane) * kTT + tl) * isz, zz);
-            raw4<T>(raw + ((4 * kCh + lane) * kTT + tl) * isz, oo);
+            raw4<T>(raw + ((3 * kCh + c) * kTT + tl) * isz, zz);
+            raw4<T>(raw + ((4 * kCh + c) * kTT + tl) * isz, oo);
           }
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const bool ok = cact && t0 + tl + j < L;
+          const bool ok = cok && t0 + tl + j < L;
           float v = dl[j] + bias;
           sp[j] = 1.f;
           if (p.softplus) {
@@ -294,25 +319,25 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
             sp[j] = ok ? sp[j] : 0.f;
           }
         }
-        const int o = lane * kRow + tl;
+        const int o = c * kRow + tl;
         st4(sDl + o, dl);
         st4(sDu + o, du);
         if (full) {
           st4(sDt + o, dt);
           st4(sU + o, uu);
           st4(sSp + o, sp);
-          if (hasZ && cact) {
-            store4<T>(static_cast<T*>(p.dz.p) + b * p.dz.s[0] + d * p.dz.s[1], t0 + tl, L, dz);
-            if (hasOz) store4<T>(static_cast<T*>(p.out_z.p) + b * p.out_z.s[0] + d * p.out_z.s[1], t0 + tl, L, oo);
+          if (hasZ && cok) {
+            store4<T>(static_cast<T*>(p.dz.p) + b * p.dz.s[0] + dc * p.dz.s[1], t0 + tl, L, dz);
+            if (hasOz) store4<T>(static_cast<T*>(p.out_z.p) + b * p.out_z.s[0] + dc * p.out_z.s[1], t0 + tl, L, oo);
           }
         }
       }
       // variable B (and C in pass B) transposed to [t][state]
       const int nB = varB ? static_cast<int>(N) : 0;
       const int nC = (full && varC) ? static_cast<int>(N) : 0;
-      for (int i = tid; i < (nB + nC) * (kTT / 4); i += NT) {
-        int n = i / (kTT / 4);
-        const int tl = (i - n * (kTT / 4)) * 4;
+      for (int i = tid; i < (nB + nC) * kGrp; i += NT) {
+        int n = i / kGrp;
+        const int tl = (i - n * kGrp) * 4;
         const bool isC = n >= nB;
         if (isC) n -= nB;
         float v[4];
@@ -323,8 +348,21 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       }
     };
 
+    // B of this thread's states at step j of the staged tile (variable: shared memory; constant: bc).
+    const auto b_at = [&](auto vb_tag, int j, const float (&bc)[kS], float (&bv)[kS]) {
+      if constexpr (decltype(vb_tag)::value) {
+        const float4 q = ld4(sB + j * NP + k * kS);
+        bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+      } else {
+#pragma unroll
+        for (int s = 0; s < kS; ++s) bv[s] = bc[s];
+      }
+    };
+
     // ---- pass A compute: advance h over the staged tile
-    const auto advance = [&](float (&h)[kS]) {
+    const auto advance = [&](auto vb_tag, float (&h)[kS]) {
+      float bc[kS];
+      if constexpr (!decltype(vb_tag)::value) load_const(p.B, bc);
 #pragma unroll
       for (int j4 = 0; j4 < kTT; j4 += 4) {
         const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
@@ -332,13 +370,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
           float bv[kS];
-          if (varB) {
-            const float4 q = ld4(sB + (j4 + jj) * NP + k * kS);
-            bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
-          } else {
-#pragma unroll
-            for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
-          }
+          b_at(vb_tag, j4 + jj, bc, bv);
 #pragma unroll
           for (int s = 0; s < kS; ++s) h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
         }
@@ -346,10 +378,21 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     };
 
     // ---- pass B compute: recompute the tile with its history, then the reverse sweep
-    const auto sweep = [&](auto vb_tag, auto vc_tag, const float4 hin, int64_t t0) {
+    const auto sweep = [&](auto vb_tag, auto vc_tag, const float4 hin) {
       constexpr bool VB = decltype(vb_tag)::value;
       constexpr bool VC = decltype(vc_tag)::value;
       constexpr int V = 4 * ((VB ? 1 : 0) + (VC ? 1 : 0));  // dB/dC values per lane and step
+      float bc[kS], cc[kS], aB[kS], aC[kS];
+      if constexpr (!VB) {
+        load_const(p.B, bc);
+#pragma unroll
+        for (int s = 0; s < kS; ++s) aB[s] = myacc[s];
+      }
+      if constexpr (!VC) {
+        load_const(p.C, cc);
+#pragma unroll
+        for (int s = 0; s < kS; ++s) aC[s] = myacc[NT * kS + s];
+      }
       float hs[kTT][kS];
       {
         float h[kS] = {hin.x, hin.y, hin.z, hin.w};
@@ -360,13 +403,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             float bv[kS];
-            if constexpr (VB) {
-              const float4 q = ld4(sB + (j4 + jj) * NP + k * kS);
-              bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
-            } else {
-#pragma unroll
-              for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
-            }
+            b_at(vb_tag, j4 + jj, bc, bv);
 #pragma unroll
             for (int s = 0; s < kS; ++s) {
               h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
@@ -386,19 +423,13 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         for (int jj = 3; jj >= 0; --jj) {
           const int j = j4 + jj;
           float bv[kS], cv[kS];
-          if constexpr (VB) {
-            const float4 q = ld4(sB + j * NP + k * kS);
-            bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
-          } else {
-#pragma unroll
-            for (int s = 0; s < kS; ++s) bv[s] = Bc[s];
-          }
+          b_at(vb_tag, j, bc, bv);
           if constexpr (VC) {
             const float4 q = ld4(sC + j * NP + k * kS);
             cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
           } else {
 #pragma unroll
-            for (int s = 0; s < kS; ++s) cv[s] = Cc[s];
+            for (int s = 0; s < kS; ++s) cv[s] = cc[s];
           }
           float gu = 0.f, aq = 0.f, vals[8];
 #pragma unroll
@@ -409,7 +440,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
             const float q = dh * ah;
             gc[s] = a * dh;  // carried into step t-1
             dA[s] = fmaf(dl[jj], q, dA[s]);
-            aq = fmaf(Aw[s], q, aq);
+            aq = fmaf(a2[s], q, aq);  // A log2(e) q; the epilogue multiplies by ln 2
             gu = fmaf(dh, bv[s], gu);
             const float db = dh * du[jj];
             const float dc = dt[jj] * hs[j][s];
@@ -432,9 +463,14 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
               const int o = lane / P, part = lane % P;
               const int tt = o / V, v = o % V;
               const int rot = tt * P + part;
-              float sum = 0.f;
+              const float* rb = red + (tt * 32 + part * CNT) * 8 + v;
+              float s0 = 0.f, s1 = 0.f;  // two chains: the adds overlap
 #pragma unroll
-              for (int i = 0; i < CNT; ++i) sum += red[(tt * 32 + part * CNT + ((i + rot) % CNT)) * 8 + v];
+              for (int i = 0; i < CNT; i += 2) {
+                s0 += rb[((i + rot) % CNT) * 8];
+                s1 += rb[((i + 1 + rot) % CNT) * 8];
+              }
+              float sum = s0 + s1;
 #pragma unroll
               for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
               if (part == 0) {
@@ -448,13 +484,23 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         st4(sGu + (k * kCh + lane) * kRow + j4, gu4);
         st4(sAq + (k * kCh + lane) * kRow + j4, aq4);
       }
-      (void)t0;
+      if constexpr (!VB) {
+#pragma unroll
+        for (int s = 0; s < kS; ++s) myacc[s] = aB[s];
+      }
+      if constexpr (!VC) {
+#pragma unroll
+        for (int s = 0; s < kS; ++s) myacc[NT * kS + s] = aC[s];
+      }
     };
 
     // ---- epilogue of a pass-B tile: du, ddelta (itype), dD/ddelta_bias shares, dB/dC atomics
     const auto epilogue = [&](int64_t t0) {
-      for (int grp = k; grp < kTT / 4; grp += TPC) {
-        const int tl = grp * 4, o = lane * kRow + tl;
+      for (int it = tid; it < kCh * kGrp; it += NT) {
+        const int c = ech(it), tl = (it % kGrp) * 4, o = c * kRow + tl;
+        const bool cok = c < nch;
+        const int64_t dc = c0 + (cok ? c : 0);
+        const float Dd = (cok && p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dc * p.D.s[0]) : 0.f;
         const float4 dl = ld4(sDl + o), dt = ld4(sDt + o), uu = ld4(sU + o), sp = ld4(sSp + o);
         float4 gu = ld4(sGu + o), aq = ld4(sAq + o);
         for (int kk = 1; kk < TPC; ++kk) {
@@ -465,24 +511,26 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         const float vdl[4] = {dl.x, dl.y, dl.z, dl.w}, vdt[4] = {dt.x, dt.y, dt.z, dt.w};
         const float vu[4] = {uu.x, uu.y, uu.z, uu.w}, vsp[4] = {sp.x, sp.y, sp.z, sp.w};
         const float vgu[4] = {gu.x, gu.y, gu.z, gu.w}, vaq[4] = {aq.x, aq.y, aq.z, aq.w};
-        float du[4], dd[4];
+        float du[4], dd[4], eD = sE[it], eB = sE[kCh * kGrp + it];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           du[j] = fmaf(vdl[j], vgu[j], Dd * vdt[j]);
-          dd[j] = fmaf(vu[j], vgu[j], vaq[j]) * vsp[j];
+          dd[j] = fmaf(vu[j], vgu[j], vaq[j] * kLn2) * vsp[j];
           eD = fmaf(vdt[j], vu[j], eD);
           eB += dd[j];
         }
-        if (cact) {
-          store4<T>(static_cast<T*>(p.du.p) + b * p.du.s[0] + d * p.du.s[1], t0 + tl, L, du);
-          store4<T>(static_cast<T*>(p.ddelta.p) + b * p.ddelta.s[0] + d * p.ddelta.s[1], t0 + tl, L, dd);
+        sE[it] = eD;
+        sE[kCh * kGrp + it] = eB;
+        if (cok) {
+          store4<T>(static_cast<T*>(p.du.p) + b * p.du.s[0] + dc * p.du.s[1], t0 + tl, L, du);
+          store4<T>(static_cast<T*>(p.ddelta.p) + b * p.ddelta.s[0] + dc * p.ddelta.s[1], t0 + tl, L, dd);
         }
       }
       const int nB = varB ? static_cast<int>(N) : 0;
       const int nC = varC ? static_cast<int>(N) : 0;
-      for (int i = tid; i < (nB + nC) * (kTT / 4); i += NT) {
-        int n = i / (kTT / 4);
-        const int tl = (i - n * (kTT / 4)) * 4;
+      for (int i = tid; i < (nB + nC) * kGrp; i += NT) {
+        int n = i / kGrp;
+        const int tl = (i - n * kGrp) * 4;
         if (t0 + tl >= L) continue;
         const bool isC = n >= nB;
         if (isC) n -= nB;
@@ -497,16 +545,20 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
       const int nt = static_cast<int>((clen + kTT - 1) / kTT);
       float h[kS];
+      {
+        float bf[kS];
+        if (c > 0 && p.fold_B) load_const(p.B, bf);
 #pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        const int64_t n = static_cast<int64_t>(k) * kS + s;
-        h[s] = 0.f;
-        if (cact && n < N) {
-          if (c > 0) {
-            h[s] = static_cast<const float*>(p.x.p)[b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1];
-            if (p.fold_B) h[s] *= Bc[s];  // the saved x holds h / B; the backward runs on the true state
-          } else if (p.h0.p != nullptr) {
-            h[s] = static_cast<const float*>(p.h0.p)[b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]];
+        for (int s = 0; s < kS; ++s) {
+          const int64_t n = static_cast<int64_t>(k) * kS + s;
+          h[s] = 0.f;
+          if (cact && n < N) {
+            if (c > 0) {
+              h[s] = static_cast<const float*>(p.x.p)[b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1];
+              if (p.fold_B) h[s] *= bf[s];  // the saved x holds h / B; the backward runs on the true state
+            } else if (p.h0.p != nullptr) {
+              h[s] = static_cast<const float*>(p.h0.p)[b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]];
+            }
           }
         }
       }
@@ -520,7 +572,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         __syncthreads();
         if (i + 2 < nt) issue(cs + static_cast<int64_t>(i + 1) * kTT, false);
         else issue(cs + static_cast<int64_t>(nt - 1) * kTT, true);
-        advance(h);
+        if (varB) advance(std::true_type{}, h);
+        else advance(std::false_type{}, h);
         myck[static_cast<int64_t>(i + 1) * NT] = make_float4(h[0], h[1], h[2], h[3]);
       }
       // pass B: tiles in reverse
@@ -533,11 +586,11 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         if (i > 0) issue(t0 - kTT, true);
         const float4 hin = myck[static_cast<int64_t>(i) * NT];
         if (varB) {
-          if (varC) sweep(std::true_type{}, std::true_type{}, hin, t0);
-          else sweep(std::true_type{}, std::false_type{}, hin, t0);
+          if (varC) sweep(std::true_type{}, std::true_type{}, hin);
+          else sweep(std::true_type{}, std::false_type{}, hin);
         } else {
-          if (varC) sweep(std::false_type{}, std::true_type{}, hin, t0);
-          else sweep(std::false_type{}, std::false_type{}, hin, t0);
+          if (varC) sweep(std::false_type{}, std::true_type{}, hin);
+          else sweep(std::false_type{}, std::false_type{}, hin);
         }
         __syncthreads();
         epilogue(t0);
@@ -551,25 +604,23 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       const int64_t n = static_cast<int64_t>(k) * kS + s;
       if (!cact || n >= N) continue;
       args.pw[bd * N + n] = dA[s];
-      if (args.accB >= 0) args.pw[(args.accB * Bt * D + bd) * N + n] = aB[s];
-      if (args.accC >= 0) args.pw[(args.accC * Bt * D + bd) * N + n] = aC[s];
+      if (args.accB >= 0) args.pw[(args.accB * Bt * D + bd) * N + n] = myacc[s];
+      if (args.accC >= 0) args.pw[(args.accC * Bt * D + bd) * N + n] = myacc[NT * kS + s];
       if (p.dh0.p != nullptr)
         static_cast<float*>(p.dh0.p)[b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2]] = gc[s];
     }
-    __syncthreads();  // the last epilogue is done with shared memory
-    sGu[tid] = eD;
-    sGu[NT + tid] = eB;
-    __syncthreads();
-    if (tid < kCh && cact) {
+    __syncthreads();  // every epilogue share is in sE
+    if (tid < kCh && tid < nch) {
       float sD = 0.f, sb = 0.f;
-      for (int kk = 0; kk < TPC; ++kk) {
-        sD += sGu[kk * kCh + tid];
-        sb += sGu[NT + kk * kCh + tid];
+      for (int q = 0; q < kGrp; ++q) {
+        sD += sE[tid * kGrp + q];
+        sb += sE[kCh * kGrp + tid * kGrp + q];
       }
-      args.ps[bd] = sD;
-      args.ps[Bt * D + bd] = sb;
+      const int64_t bdc = b * D + c0 + tid;
+      args.ps[bdc] = sD;
+      args.ps[Bt * D + bdc] = sb;
     }
-    __syncthreads();
+    __syncthreads();  // sE and myacc are reset by the next item
   }
 }
 
