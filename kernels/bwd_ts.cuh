@@ -62,7 +62,7 @@ __host__ __device__ inline Layout layout(int tpc, int isz) {
   l.sC = o; o += kTT * np;
   l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
   l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
-  l.red = o; o += tpc * 2 * 32 * 8;  // per warp: two steps of 8 dB/dC values per lane
+  l.red = o; o += tpc * 4 * 32 * 8;  // per warp: four steps of 8 dB/dC values per lane
   l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
   l.dC = o; o += np * kTT;
   l.acc = o; o += 2 * kCh * tpc * kS;  // per thread: constant-B/C gradient sums [2][threads][kS]
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   float* sE = sm + lay.eD;
   unsigned char* raw = reinterpret_cast<unsigned char*>(sm + lay.raw);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
-  float* red = sm + lay.red + k * (2 * 32 * 8);
+  float* red = sm + lay.red + k * (4 * 32 * 8);
   float* myacc = sm + lay.acc + tid * kS;  // [2][NT][kS]: constant-B, constant-C gradient sums of this thread
   const int64_t L = p.seqlen, N = p.dstate, G = p.groups, D = p.dim, Bt = p.batch;
   const int64_t cpg = D / G;
@@ -394,8 +394,9 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         for (int s = 0; s < kS; ++s) aC[s] = myacc[NT * kS + s];
       }
       float hs[kTT][kS];
+      const float h0s[kS] = {hin.x, hin.y, hin.z, hin.w};
       {
-        float h[kS] = {hin.x, hin.y, hin.z, hin.w};
+        float h[kS] = {h0s[0], h0s[1], h0s[2], h0s[3]};
 #pragma unroll
         for (int j4 = 0; j4 < kTT; j4 += 4) {
           const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
@@ -436,9 +437,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           for (int s = 0; s < kS; ++s) {
             const float a = exp2_fast(dl[jj] * a2[s]);
             const float dh = fmaf(dt[jj], cv[s], gc[s]);
-            const float ah = fmaf(-bv[s], du[jj], hs[j][s]);  // ā_t h_{t-1} = h_t - b̄_t
-            const float q = dh * ah;
-            gc[s] = a * dh;  // carried into step t-1
+            gc[s] = a * dh;                               // carried into step t-1
+            const float q = gc[s] * (j > 0 ? hs[j - 1][s] : h0s[s]);  // dh ā_t h_{t-1}
             dA[s] = fmaf(dl[jj], q, dA[s]);
             aq = fmaf(a2[s], q, aq);  // A log2(e) q; the epilogue multiplies by ln 2
             gu = fmaf(dh, bv[s], gu);
@@ -452,25 +452,23 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           gu4[jj] = gu;
           aq4[jj] = aq;
           if constexpr (V > 0) {
-            // Two steps of V values per lane, then each output (value, step) summed over the 32 channels by
-            // P = 32 / (2V) lanes, rotated so that the lanes of one value read different banks.
-            float* slot = red + ((j & 1) * 32 + lane) * 8;
+            // Four steps of V values per lane, then each output (value, step) summed over the 32 channels by
+            // P = 32 / (4V) lanes (one output per lane when B and C are both variable), rotated so that the
+            // lanes of one value read different banks.
+            float* slot = red + ((j & 3) * 32 + lane) * 8;
             *reinterpret_cast<float4*>(slot) = make_float4(vals[0], vals[1], vals[2], vals[3]);
             if constexpr (V == 8) *reinterpret_cast<float4*>(slot + 4) = make_float4(vals[4], vals[5], vals[6], vals[7]);
-            if ((j & 1) == 0) {
+            if ((j & 3) == 0) {
               __syncwarp();
-              constexpr int O = 2 * V, P = 32 / O, CNT = 32 / P;
+              constexpr int O = 4 * V, P = 32 / O, CNT = 32 / P;
               const int o = lane / P, part = lane % P;
               const int tt = o / V, v = o % V;
               const int rot = tt * P + part;
               const float* rb = red + (tt * 32 + part * CNT) * 8 + v;
-              float s0 = 0.f, s1 = 0.f;  // two chains: the adds overlap
+              float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: the adds overlap
 #pragma unroll
-              for (int i = 0; i < CNT; i += 2) {
-                s0 += rb[((i + rot) % CNT) * 8];
-                s1 += rb[((i + 1 + rot) % CNT) * 8];
-              }
-              float sum = s0 + s1;
+              for (int i = 0; i < CNT; ++i) s4[i & 3] += rb[((i + rot) % CNT) * 8];
+              float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
               for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
               if (part == 0) {
