@@ -45,6 +45,13 @@ constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-align
 constexpr int64_t kMinWarps = 1024;  // less parallelism than this: the warp-scan backward (see plan)
 constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoint workspace
 
+// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32), value v (8). Slots are 264 floats apart
+// and rows 16-31 shifted by 4, so the 32 lanes reading (slot, value) pairs of one row hit 32 different banks
+// with immediate offsets, and every row stays 16-byte aligned for the float4 writes.
+constexpr int kRedSlot = 32 * 8 + 8;
+constexpr int kRedWarp = 4 * kRedSlot;
+__host__ __device__ constexpr int red_at(int tt, int r, int v) { return tt * kRedSlot + r * 8 + (r >> 4) * 4 + v; }
+
 // Shared memory layout in floats (host and device agree).
 struct Layout {
   int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, acc, eD, raw, total;
@@ -62,7 +69,7 @@ __host__ __device__ inline Layout layout(int tpc, int isz) {
   l.sC = o; o += kTT * np;
   l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
   l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
-  l.red = o; o += tpc * 4 * 32 * 8;  // per warp: four steps of 8 dB/dC values per lane
+  l.red = o; o += tpc * kRedWarp;    // per warp: four steps of 8 dB/dC values per lane (red_at)
   l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
   l.dC = o; o += np * kTT;
   l.acc = o; o += 2 * kCh * tpc * kS;  // per thread: constant-B/C gradient sums [2][threads][kS]
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   float* sE = sm + lay.eD;
   unsigned char* raw = reinterpret_cast<unsigned char*>(sm + lay.raw);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
-  float* red = sm + lay.red + k * (4 * 32 * 8);
+  float* red = sm + lay.red + k * kRedWarp;
   float* myacc = sm + lay.acc + tid * kS;  // [2][NT][kS]: constant-B, constant-C gradient sums of this thread
   const int64_t L = p.seqlen, N = p.dstate, G = p.groups, D = p.dim, Bt = p.batch;
   const int64_t cpg = D / G;
@@ -453,9 +460,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           aq4[jj] = aq;
           if constexpr (V > 0) {
             // Four steps of V values per lane, then each output (value, step) summed over the 32 channels by
-            // P = 32 / (4V) lanes (one output per lane when B and C are both variable), rotated so that the
-            // lanes of one value read different banks.
-            float* slot = red + ((j & 3) * 32 + lane) * 8;
+            // P = 32 / (4V) lanes (one output per lane when B and C are both variable).
+            float* slot = red + red_at(j & 3, lane, 0);
             *reinterpret_cast<float4*>(slot) = make_float4(vals[0], vals[1], vals[2], vals[3]);
             if constexpr (V == 8) *reinterpret_cast<float4*>(slot + 4) = make_float4(vals[4], vals[5], vals[6], vals[7]);
             if ((j & 3) == 0) {
@@ -463,11 +469,10 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
               constexpr int O = 4 * V, P = 32 / O, CNT = 32 / P;
               const int o = lane / P, part = lane % P;
               const int tt = o / V, v = o % V;
-              const int rot = tt * P + part;
-              const float* rb = red + (tt * 32 + part * CNT) * 8 + v;
+              const float* rb = red + red_at(tt, part * CNT, v);
               float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: the adds overlap
 #pragma unroll
-              for (int i = 0; i < CNT; ++i) s4[i & 3] += rb[((i + rot) % CNT) * 8];
+              for (int i = 0; i < CNT; ++i) s4[i & 3] += rb[red_at(0, part * CNT + i, 0) - red_at(0, part * CNT, 0)];
               float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
               for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
