@@ -3,7 +3,7 @@
 // so there is no scan across threads.
 //
 // Why: the warp-scan backward (bwd.cuh) spends about 50 instructions per state update on scans, folds and
-// per-state barriers. Here an update costs about 11 in the reverse sweep (ex2 argument, ex2, dh, ā h, dA, dB,
+// per-state barriers. Here an update costs about 10 in the reverse sweep (ex2 argument, ex2, dh, ā dh, dA, dB,
 // dC, the du/ddelta sums) plus about 4 for each forward recomputation, and a cross-channel reduction of
 // variable dB/dC.
 //
@@ -14,10 +14,11 @@
 //           at every kTT-step tile start in the workspace (only this block's current chunk: [grid][tiles][threads]);
 //   pass B: tiles in reverse. Recompute the tile forward from its checkpoint keeping every step's state in
 //           registers (kTT x kS), then sweep it backwards: dh = dout C + g, g = ā dh (the carry into the step
-//           before), dA/const dB/dC in registers, the du/ddelta sums over the thread's states per step to shared
+//           before), dA in registers, constant dB/dC in shared memory, the du/ddelta sums over the thread's states per step to shared
 //           memory (summed over the block's warps in the epilogue), variable dB/dC per step through a
-//           per-warp shared buffer summed over the 32 channels every two steps, then one float4 atomic per
-//           (state, 4 steps) and block into the fp32 image.
+//           per-warp shared buffer summed over the 32 channels every four steps, then one float4 atomic per
+//           (state, 4 steps) and block into the fp32 image (deterministic mode: a plain store into the image of
+//           the block's channel tile; the conversion kernel adds the images in tile order).
 // Inputs of a tile are copied raw into shared memory with cp.async while the previous tile computes, then
 // converted once (softplus, the z gate, dz and out_z) by the thread that owns those (channel, 4 steps).
 // Per-(b,d) partials of dA, constant dB/dC, dD and ddelta_bias go to the workspace like the warp-scan
@@ -96,14 +97,13 @@ inline BwdChoice bwd_choice() {
   return c;
 }
 
-// The launch shape for p, or false when this kernel should not serve it: complex weights, dstate > 16,
-// deterministic variable dB/dC (they are summed with atomics here), or fewer than kMinWarps warps in all
+// The launch shape for p, or false when this kernel should not serve it: complex weights, dstate > 16, or fewer
+// than kMinWarps warps in all
 // (one long sequence, say), where the warp-scan kernel, which also spreads time over lanes, keeps the GPU busier.
 // A pure function of the problem, so the workspace query and the launch agree. `forced` skips the parallelism
 // rule (tests and benchmarks run this kernel on any shape it can serve).
 inline bool plan(const Problem& p, bool forced, Plan* pl) {
   if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
-  if (p.deterministic && (p.var_B || p.var_C)) return false;
   int tpc = 1;
   while (tpc * kS < p.dstate) tpc *= 2;
   const int64_t cpg = p.dim / p.groups;
@@ -539,7 +539,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         if (isC) n -= nB;
         const float4 v = ld4((isC ? sDC : sDB) + n * kTT + tl);
         float* img = (isC ? args.vc : args.vb) + ((b * G + g) * N + n) * args.var_row + t0 + tl;
-        add_f4(img, v);
+        if (args.det_var) *reinterpret_cast<float4*>(img + tile * args.var_elems) = v;  // this tile's image
+        else add_f4(img, v);
       }
     };
 

@@ -72,7 +72,14 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   pl.tiles_per_group = (cpg + warps - 1) / warps;
 
   pl.det_var = p.deterministic && nvar > 0;
-  if (pl.det_var) {
+  // The thread-states kernel, when it serves the call: deterministic variable dB/dC there are one image per
+  // 32-channel tile (each block stores its tile's complete sums; the conversion adds the images in order).
+  const ts::BwdChoice choice = ts::bwd_choice();
+  const bool use_ts = choice != ts::BwdChoice::warp && ts::plan(p, choice == ts::BwdChoice::ts, &pl);
+  if (use_ts) {
+    pl.slots = pl.det_var ? pl.ts_tiles : 1;
+    pl.tiles_per_slot = 1;
+  } else if (pl.det_var) {
     const int64_t bg = p.batch * p.groups;
     const int64_t want = std::max<int64_t>(1, (kDetTargetBlocks + bg - 1) / bg);
     const int64_t slots = std::min(pl.tiles_per_group, want);
@@ -95,8 +102,7 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   if (p.var_B) off = align_up(off + img);
   pl.off_vc = off;
   if (p.var_C) off = align_up(off + img);
-  const ts::BwdChoice choice = ts::bwd_choice();
-  if (choice != ts::BwdChoice::warp && ts::plan(p, choice == ts::BwdChoice::ts, &pl)) {
+  if (use_ts) {
     pl.off_ck = off;
     off = align_up(off + pl.ts_ck_bytes);
   }
