@@ -59,7 +59,7 @@ if want sanitize; then
     for tool in ${SANITIZERS:-memcheck racecheck synccheck initcheck}; do
       for kernel in auto ts; do
         f=$filter
-        [ "$kernel" = ts ] && f='*GpuFwd*:GpuStreams*:BwdGpu*:BwdGolden*'
+        [ "$kernel" = ts ] && f='*GpuFwd*:GpuStreams*:BwdGpu*:*BwdGolden*'
         log="$OUT/sanitizer-$tool-$kernel.log"
         SELSCAN_FWD_KERNEL=$kernel SELSCAN_BWD_KERNEL=$kernel timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
           --error-exitcode 9 "$gpu_tests" --gtest_filter="$f" >"$log" 2>&1
