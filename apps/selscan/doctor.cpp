@@ -252,7 +252,7 @@ LibraryFacts library_facts(Report& r) {
   if (f.cuda_toolkit.empty() || f.cuda_toolkit == "none")
     r.add(Level::info, "CPU-only build (no CUDA): GPUs are not used; the CUDA presets build the GPU path");
   // Kernel-choice overrides (docs/abi.md): results stay within tolerance, but timings differ from a default run.
-  for (const char* var : {"SELSCAN_FWD_KERNEL", "SELSCAN_CPU_KERNELS"}) {
+  for (const char* var : {"SELSCAN_FWD_KERNEL", "SELSCAN_BWD_KERNEL", "SELSCAN_CPU_KERNELS"}) {
     const char* v = std::getenv(var);
     if (v != nullptr && *v != '\0')
       r.add(Level::info, fmt::format("{}={} is set: kernel choice forced (meant for A/B runs; unset it for the "
