@@ -233,20 +233,29 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     for (int it = tid; it < kCh * kGrp; it += NT) sE[it] = sE[kCh * kGrp + it] = 0.f;
 
     // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C.
-    // One 16-byte chunk of a row from element e: cp.async when whole and aligned, else element by element (0 past
-    // L; an absent row, i.e. an idle channel, reads as 0).
-    const auto stage16 = [&](unsigned char* dst, const T* row, int64_t e) {
-      if (row != nullptr && e + VE <= L && aligned16(row + e)) cp_async16(dst, row + e);
-      else *reinterpret_cast<uint4*>(dst) = row != nullptr ? load_row16(row, e, L, false) : make_uint4(0u, 0u, 0u, 0u);
-    };
     const auto issue = [&](int64_t t0, bool full) {
       const int nten = full ? (hasZ ? 5 : 3) : 2;
       for (int ten = 0; ten < nten; ++ten) {
         const View& v = ten == 0 ? p.u : ten == 1 ? p.delta : ten == 2 ? p.dout : ten == 3 ? p.z : p.out;
         for (int i = tid; i < kCh * QPR; i += NT) {
           const int c = i / QPR, q = i % QPR;
-          const T* row = c < nch ? static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1] : nullptr;
-          stage16(raw + ((ten * kCh + c) * kTT + q * VE) * isz, row, t0 + q * VE);
+          const int64_t e = t0 + q * VE;
+          unsigned char* dst = raw + ((ten * kCh + c) * kTT + q * VE) * isz;
+          const T* src = static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1] + e;
+          if (c < nch && e + VE <= L && aligned16(src)) {
+            cp_async16(dst, src);
+          } else {
+            uint32_t w[4] = {0u, 0u, 0u, 0u};
+            if (c < nch) {
+#pragma unroll
+              for (int j = 0; j < VE; ++j) {
+                if (e + j >= L) break;
+                if constexpr (isz == 4) w[j] = __float_as_uint(src[j]);
+                else w[j / 2] |= static_cast<uint32_t>(bits16(src[j])) << (16 * (j % 2));
+              }
+            }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+          }
         }
       }
       for (int isC = 0; isC < 2; ++isC) {
@@ -254,8 +263,21 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         const View& v = isC ? p.C : p.B;
         for (int i = tid; i < N * QPR; i += NT) {
           const int n = i / QPR, q = i % QPR;
-          stage16(raw + ((5 * kCh + isC * NP + n) * kTT + q * VE) * isz,
-                  static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + n * v.s[2], t0 + q * VE);
+          const int64_t e = t0 + q * VE;
+          unsigned char* dst = raw + ((5 * kCh + isC * NP + n) * kTT + q * VE) * isz;
+          const T* src = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + n * v.s[2] + e;
+          if (e + VE <= L && aligned16(src)) {
+            cp_async16(dst, src);
+          } else {
+            uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+            for (int j = 0; j < VE; ++j) {
+              if (e + j >= L) break;
+              if constexpr (isz == 4) w[j] = __float_as_uint(src[j]);
+              else w[j / 2] |= static_cast<uint32_t>(bits16(src[j])) << (16 * (j % 2));
+            }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+          }
         }
       }
       cp_async_commit();
@@ -344,8 +366,12 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       }
     };
 
-    // ---- the forward recurrence over the staged tile: h advanced kTT steps; with REC every step's state kept in hs
-    const auto forward = [&](auto vb_tag, auto rec_tag, const float (&bc)[kS], float (&h)[kS], float (&hs)[kTT][kS]) {
+    // ---- pass A compute: advance h over the staged tile. The same loop as the start of `sweep`, written twice on
+    // purpose: one shared loop (with a compile-time "keep the history" flag) changed register allocation and
+    // measured 4.5% (bf16) and 7% (fp32) slower on the H200 (docs/performance.md, optimisation log).
+    const auto advance = [&](auto vb_tag, float (&h)[kS]) {
+      float bc[kS];
+      if constexpr (!decltype(vb_tag)::value) load_const(p.B, bc);
 #pragma unroll
       for (int j4 = 0; j4 < kTT; j4 += 4) {
         const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
@@ -355,19 +381,9 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           float bv[kS];
           b_at(vb_tag, j4 + jj, bc, bv);
 #pragma unroll
-          for (int s = 0; s < kS; ++s) {
-            h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
-            if constexpr (decltype(rec_tag)::value) hs[j4 + jj][s] = h[s];
-          }
+          for (int s = 0; s < kS; ++s) h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
         }
       }
-    };
-
-    // ---- pass A compute: advance h over the staged tile
-    const auto advance = [&](auto vb_tag, float (&h)[kS]) {
-      float bc[kS], unused[kTT][kS];
-      if constexpr (!decltype(vb_tag)::value) load_const(p.B, bc);
-      forward(vb_tag, std::false_type{}, bc, h, unused);
     };
 
     // ---- pass B compute: recompute the tile with its history, then the reverse sweep
@@ -390,7 +406,21 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       const float h0s[kS] = {hin.x, hin.y, hin.z, hin.w};
       {
         float h[kS] = {h0s[0], h0s[1], h0s[2], h0s[3]};
-        forward(vb_tag, std::true_type{}, bc, h, hs);
+#pragma unroll
+        for (int j4 = 0; j4 < kTT; j4 += 4) {
+          const float4 dl4 = ld4(sDl + lane * kRow + j4), du4 = ld4(sDu + lane * kRow + j4);
+          const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            float bv[kS];
+            b_at(vb_tag, j4 + jj, bc, bv);
+#pragma unroll
+            for (int s = 0; s < kS; ++s) {
+              h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
+              hs[j4 + jj][s] = h[s];
+            }
+          }
+        }
       }
 #pragma unroll
       for (int j4 = kTT - 4; j4 >= 0; j4 -= 4) {
