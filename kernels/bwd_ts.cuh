@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "bwd.cuh"
+#include "cuda/launch.h"
 #include "common.cuh"
 #include "problem.h"
 
@@ -73,7 +74,7 @@ __host__ __device__ inline Layout layout(int tpc, int isz) {
   l.red = o; o += tpc * kRedWarp;    // per warp: four steps of 8 dB/dC values per lane (red_at)
   l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
   l.dC = o; o += np * kTT;
-  l.acc = o; o += 2 * kCh * tpc * kS;  // per thread: constant-B/C gradient sums [2][threads][kS]
+  l.acc = o; o += 3 * kCh * tpc * kS;  // per thread: constant-B/C and dA sums [3][threads][kS]
   l.eD = o; o += 2 * kCh * kTT / 4;    // per (channel, 4 steps): dD and ddelta_bias shares [2][ch * kTT/4]
   o = (o + 3) / 4 * 4;
   l.raw = o;  // raw itype rows: u, delta, dout, z, out [5][ch][kTT]; B, C [2][np][kTT]
@@ -97,20 +98,22 @@ inline BwdChoice bwd_choice() {
   return c;
 }
 
-// The launch shape for p, or false when this kernel should not serve it: complex weights, dstate > 16, or fewer
-// than kMinWarps warps in all
-// (one long sequence, say), where the warp-scan kernel, which also spreads time over lanes, keeps the GPU busier.
-// A pure function of the problem, so the workspace query and the launch agree. `forced` skips the parallelism
-// rule (tests and benchmarks run this kernel on any shape it can serve).
-inline bool plan(const Problem& p, bool forced, Plan* pl) {
+// The launch shape for p on a GPU of family `f` (a block may use `smem_cap` bytes of shared memory), or false when
+// this kernel should not serve it: complex weights, dstate > 16, a layout over the shared-memory budget (fp32 on
+// sm_75), or, unless `forced`, anything but what was measured faster on the H200: sm_90-family GPUs, dstate 13-16
+// (4 warps per channel tile) and at least kMinWarps warps in all (one long sequence, say, keeps the warp-scan
+// kernel, which also spreads time over lanes). A pure function of (problem, family), so the workspace query and the
+// launch agree. `forced` is for tests and A/B benchmarks.
+inline bool plan(const Problem& p, cuda::Family f, size_t smem_cap, bool forced, Plan* pl) {
   if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
   int tpc = 1;
   while (tpc * kS < p.dstate) tpc *= 2;
   const int64_t cpg = p.dim / p.groups;
   const int64_t tiles = (cpg + kCh - 1) / kCh;
   const int64_t items = p.batch * p.groups * tiles;
-  if (!forced && items * tpc < kMinWarps) return false;
+  if (!forced && (f != cuda::Family::sm90 || tpc != kMaxTpc || items * tpc < kMinWarps)) return false;
   const int isz = p.itype == Dtype::f32 ? 4 : 2;
+  if (static_cast<size_t>(layout(tpc, isz).total) * sizeof(float) > smem_cap) return false;
   pl->ts = true;
   pl->ts_tpc = tpc;
   pl->ts_tiles = tiles;
@@ -189,7 +192,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   unsigned char* raw = reinterpret_cast<unsigned char*>(sm + lay.raw);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
   float* red = sm + lay.red + k * kRedWarp;
-  float* myacc = sm + lay.acc + tid * kS;  // [2][NT][kS]: constant-B, constant-C gradient sums of this thread
+  float* myacc = sm + lay.acc + tid * kS;  // [3][NT][kS]: constant-B, constant-C and dA sums of this thread, one
+                                           // tile's partial added per tile (short fp32 chains at any L)
   const int64_t L = p.seqlen, N = p.dstate, G = p.groups, D = p.dim, Bt = p.batch;
   const int64_t cpg = D / G;
   const bool varB = p.var_B, varC = p.var_C;
@@ -210,13 +214,15 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
 
     // ---- compute role: states n = k*kS + s of channel d (lane). Only what every tile needs stays in registers;
     // constant B/C are re-read per tile (L1) and their gradient sums live in shared memory (myacc).
-    float a2[kS], gc[kS], dA[kS];
+    float a2[kS], gc[kS];
+    bool live[kS];  // n < N: padded states must not reach the sums over states (0 * Inf would make NaN)
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       const int64_t n = static_cast<int64_t>(k) * kS + s;
+      live[s] = n < N;
       a2[s] = (cact && n < N) ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
-      gc[s] = dA[s] = 0.f;
-      myacc[s] = myacc[NT * kS + s] = 0.f;
+      gc[s] = 0.f;
+      myacc[s] = myacc[NT * kS + s] = myacc[2 * NT * kS + s] = 0.f;
     }
     const auto load_const = [&](const View& v, float (&out)[kS]) {
 #pragma unroll
@@ -391,17 +397,11 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       constexpr bool VB = decltype(vb_tag)::value;
       constexpr bool VC = decltype(vc_tag)::value;
       constexpr int V = 4 * ((VB ? 1 : 0) + (VC ? 1 : 0));  // dB/dC values per lane and step
-      float bc[kS], cc[kS], aB[kS], aC[kS];
-      if constexpr (!VB) {
-        load_const(p.B, bc);
+      float bc[kS], cc[kS], aB[kS], aC[kS], dA[kS];  // this tile's partial sums
 #pragma unroll
-        for (int s = 0; s < kS; ++s) aB[s] = myacc[s];
-      }
-      if constexpr (!VC) {
-        load_const(p.C, cc);
-#pragma unroll
-        for (int s = 0; s < kS; ++s) aC[s] = myacc[NT * kS + s];
-      }
+      for (int s = 0; s < kS; ++s) aB[s] = aC[s] = dA[s] = 0.f;
+      if constexpr (!VB) load_const(p.B, bc);
+      if constexpr (!VC) load_const(p.C, cc);
       float hs[kTT][kS];
       const float h0s[kS] = {hin.x, hin.y, hin.z, hin.w};
       {
@@ -449,8 +449,10 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
             gc[s] = a * dh;                               // carried into step t-1
             const float q = gc[s] * (j > 0 ? hs[j - 1][s] : h0s[s]);  // dh ā_t h_{t-1}
             dA[s] = fmaf(dl[jj], q, dA[s]);
-            aq = fmaf(a2[s], q, aq);  // A log2(e) q; the epilogue multiplies by ln 2
-            gu = fmaf(dh, bv[s], gu);
+            if (live[s]) {
+              aq = fmaf(a2[s], q, aq);  // A log2(e) q; the epilogue multiplies by ln 2
+              gu = fmaf(dh, bv[s], gu);
+            }
             const float db = dh * du[jj];
             const float dc = dt[jj] * hs[j][s];
             if constexpr (VB) vals[s] = db;
@@ -489,13 +491,11 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         st4(sGu + (k * kCh + lane) * kRow + j4, gu4);
         st4(sAq + (k * kCh + lane) * kRow + j4, aq4);
       }
-      if constexpr (!VB) {
 #pragma unroll
-        for (int s = 0; s < kS; ++s) myacc[s] = aB[s];
-      }
-      if constexpr (!VC) {
-#pragma unroll
-        for (int s = 0; s < kS; ++s) myacc[NT * kS + s] = aC[s];
+      for (int s = 0; s < kS; ++s) {
+        if constexpr (!VB) myacc[s] += aB[s];
+        if constexpr (!VC) myacc[NT * kS + s] += aC[s];
+        myacc[2 * NT * kS + s] += dA[s];
       }
     };
 
@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     for (int s = 0; s < kS; ++s) {
       const int64_t n = static_cast<int64_t>(k) * kS + s;
       if (!cact || n >= N) continue;
-      args.pw[bd * N + n] = dA[s];
+      args.pw[bd * N + n] = myacc[2 * NT * kS + s];
       if (args.accB >= 0) args.pw[(args.accB * Bt * D + bd) * N + n] = myacc[s];
       if (args.accC >= 0) args.pw[(args.accC * Bt * D + bd) * N + n] = myacc[NT * kS + s];
       if (p.dh0.p != nullptr)

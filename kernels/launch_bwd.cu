@@ -75,7 +75,7 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   // The thread-states kernel, when it serves the call: deterministic variable dB/dC there are one image per
   // 32-channel tile (each block stores its tile's complete sums; the conversion adds the images in order).
   const ts::BwdChoice choice = ts::bwd_choice();
-  const bool use_ts = choice != ts::BwdChoice::warp && ts::plan(p, choice == ts::BwdChoice::ts, &pl);
+  const bool use_ts = choice != ts::BwdChoice::warp && ts::plan(p, f, smem_cap(f), choice == ts::BwdChoice::ts, &pl);
   if (use_ts) {
     pl.slots = pl.det_var ? pl.ts_tiles : 1;
     pl.tiles_per_slot = 1;
@@ -125,8 +125,8 @@ Status launch_bwd(const Problem& p, Family f, void* stream, void* workspace, siz
   int dev = 0, optin = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-      plan.smem > static_cast<size_t>(optin))
-    return fail(SELSCAN_STATUS_UNSUPPORTED, "backward: needs " + std::to_string(plan.smem) +
+      (plan.ts ? plan.ts_smem : plan.smem) > static_cast<size_t>(optin))
+    return fail(SELSCAN_STATUS_UNSUPPORTED, "backward: needs " + std::to_string(plan.ts ? plan.ts_smem : plan.smem) +
                                                 " bytes of shared memory per block, device " + std::to_string(dev) +
                                                 " allows " + std::to_string(optin));
   const auto st = static_cast<cudaStream_t>(stream);

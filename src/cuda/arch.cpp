@@ -60,7 +60,12 @@ struct Cached {
 std::mutex g_mutex;
 std::map<int, Cached> g_cache;
 
-Family family_for(int cc) { return cc >= 90 ? Family::sm90 : (cc >= 80 ? Family::sm80 : Family::generic); }
+// sm_90 and sm_100 parts have about 227 KB of shared memory per block; sm_80 164 KB; sm_86/89 and the consumer
+// Blackwell parts (sm_120) 99 KB, so those take the sm80 family's smaller shared-memory budgets.
+Family family_for(int cc) {
+  if (cc >= 90 && cc < 120) return Family::sm90;
+  return cc >= 80 ? Family::sm80 : Family::generic;
+}
 
 Cached decide(int device) {
   int count = 0;
