@@ -1,4 +1,4 @@
-// The backward for real weights, dstate <= 16 and large grids, in the forward's thread-states mapping
+// The backward for real weights, dstate <= 16 (by default 13-16) and large grids, in the forward's thread-states mapping
 // (fwd_ts.cuh): every thread owns kS = 4 states of one channel and runs their recurrences sequentially in time,
 // so there is no scan across threads.
 //
