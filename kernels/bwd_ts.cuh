@@ -14,7 +14,8 @@
 //           at every kTT-step tile start in the workspace (only this block's current chunk: [grid][tiles][threads]);
 //   pass B: tiles in reverse. Recompute the tile forward from its checkpoint keeping every step's state in
 //           registers (kTT x kS), then sweep it backwards: dh = dout C + g, g = ā dh (the carry into the step
-//           before), dA in registers, constant dB/dC in shared memory, the du/ddelta sums over the thread's states per step to shared
+//           before), dA and constant dB/dC summed per tile in registers and then into per-thread shared-memory
+//           sums (short fp32 chains at any L), the du/ddelta sums over the thread's states per step to shared
 //           memory (summed over the block's warps in the epilogue), variable dB/dC per step through a
 //           per-warp shared buffer summed over the 32 channels every four steps, then one float4 atomic per
 //           (state, 4 steps) and block into the fp32 image (deterministic mode: a plain store into the image of
