@@ -29,8 +29,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "bwd.cuh"
@@ -84,18 +82,10 @@ __host__ __device__ inline Layout layout(int tpc, int isz) {
   return l;
 }
 
-// Which backward kernel runs: SELSCAN_BWD_KERNEL=warp|ts forces one (tests and benchmark comparisons; a forced
-// ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto` lets
-// the plan choose. Read once per process, so workspace queries and launches agree.
-enum class BwdChoice { automatic, warp, ts };
-inline BwdChoice bwd_choice() {
-  static const BwdChoice c = [] {
-    const char* e = std::getenv("SELSCAN_BWD_KERNEL");
-    const std::string v = e != nullptr ? e : "";
-    if (v == "warp") return BwdChoice::warp;
-    if (v == "ts") return BwdChoice::ts;
-    return BwdChoice::automatic;
-  }();
+// Which backward kernel runs (SELSCAN_BWD_KERNEL, see kernel_choice_from_env). Read once per process, so workspace
+// queries and launches agree.
+inline KernelChoice bwd_choice() {
+  static const KernelChoice c = kernel_choice_from_env("SELSCAN_BWD_KERNEL");
   return c;
 }
 
@@ -113,8 +103,8 @@ inline bool plan(const Problem& p, cuda::Family f, size_t smem_cap, bool forced,
   const int64_t tiles = (cpg + kCh - 1) / kCh;
   const int64_t items = p.batch * p.groups * tiles;
   if (!forced && (f != cuda::Family::sm90 || tpc != kMaxTpc || items * tpc < kMinWarps)) return false;
-  const int isz = p.itype == Dtype::f32 ? 4 : 2;
-  if (static_cast<size_t>(layout(tpc, isz).total) * sizeof(float) > smem_cap) return false;
+  const size_t smem = static_cast<size_t>(layout(tpc, p.itype == Dtype::f32 ? 4 : 2).total) * sizeof(float);
+  if (smem > smem_cap) return false;
   pl->ts = true;
   pl->ts_tpc = tpc;
   pl->ts_tiles = tiles;
@@ -122,7 +112,7 @@ inline bool plan(const Problem& p, cuda::Family f, size_t smem_cap, bool forced,
   pl->ts_grid = static_cast<int>(items < kMaxGrid ? items : kMaxGrid);
   const int64_t lc = p.seqlen < kChunk ? p.seqlen : kChunk;
   pl->ts_ntc = static_cast<int>((lc + kTT - 1) / kTT);
-  pl->ts_smem = static_cast<size_t>(layout(tpc, isz).total) * sizeof(float);
+  pl->ts_smem = smem;
   pl->ts_ck_bytes = static_cast<size_t>(pl->ts_grid) * pl->ts_ntc * kCh * tpc * sizeof(float4);
   return true;
 }

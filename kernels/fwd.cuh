@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "common.cuh"
@@ -337,18 +336,9 @@ Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
                         stream, p, tiles);
 }
 
-// Which forward kernel runs: SELSCAN_FWD_KERNEL=warp|ts forces one (tests and benchmark comparisons; a forced
-// ts kernel still falls back to the warp-scan kernel where it cannot serve the problem); unset or `auto` lets
-// the launcher choose.
-enum class FwdChoice { automatic, warp, ts };
-inline FwdChoice fwd_choice() {
-  static const FwdChoice c = [] {
-    const char* e = std::getenv("SELSCAN_FWD_KERNEL");
-    const std::string v = e != nullptr ? e : "";
-    if (v == "warp") return FwdChoice::warp;
-    if (v == "ts") return FwdChoice::ts;
-    return FwdChoice::automatic;
-  }();
+// Which forward kernel runs (SELSCAN_FWD_KERNEL, see kernel_choice_from_env).
+inline KernelChoice fwd_choice() {
+  static const KernelChoice c = kernel_choice_from_env("SELSCAN_FWD_KERNEL");
   return c;
 }
 
@@ -360,7 +350,7 @@ Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return fail(SELSCAN_STATUS_CUDA_ERROR, "forward: cannot read the device's multiprocessor count");
   ts::Cfg cfg;
-  if (!ts::plan(p, sms, Vec16<T>::kElems, fwd_choice() == FwdChoice::ts, &cfg)) return SELSCAN_STATUS_SUCCESS;
+  if (!ts::plan(p, sms, Vec16<T>::kElems, fwd_choice() == KernelChoice::ts, &cfg)) return SELSCAN_STATUS_SUCCESS;
   *used = true;
   const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
   const int64_t warps = p.batch * p.dim * cfg.tpc / 32;
@@ -376,7 +366,7 @@ Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
   if constexpr (kComplex) {
     return launch_fwd_cfg<T, true, 8, 2>(p, stream);
   } else {
-    if (fwd_choice() != FwdChoice::warp) {
+    if (fwd_choice() != KernelChoice::warp) {
       bool used = false;
       const Status s = launch_fwd_ts<T>(p, stream, &used);
       if (used || s != SELSCAN_STATUS_SUCCESS) return s;

@@ -74,8 +74,8 @@ Plan make_plan(const Problem& p, cuda::Family f) {
   pl.det_var = p.deterministic && nvar > 0;
   // The thread-states kernel, when it serves the call: deterministic variable dB/dC there are one image per
   // 32-channel tile (each block stores its tile's complete sums; the conversion adds the images in order).
-  const ts::BwdChoice choice = ts::bwd_choice();
-  const bool use_ts = choice != ts::BwdChoice::warp && ts::plan(p, f, smem_cap(f), choice == ts::BwdChoice::ts, &pl);
+  const KernelChoice choice = ts::bwd_choice();
+  const bool use_ts = choice != KernelChoice::warp && ts::plan(p, f, smem_cap(f), choice == KernelChoice::ts, &pl);
   if (use_ts) {
     pl.slots = pl.det_var ? pl.ts_tiles : 1;
     pl.tiles_per_slot = 1;

@@ -4,11 +4,24 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "errors.h"
 
 namespace selscan::kern {
+
+// A kernel-choice override from the environment (SELSCAN_FWD_KERNEL, SELSCAN_BWD_KERNEL): `warp` or `ts` forces
+// that kernel (tests and A/B benchmarks; a forced ts kernel still falls back where it cannot serve the problem);
+// unset, `auto` or anything else lets the launcher choose. Callers read it once per process.
+enum class KernelChoice { automatic, warp, ts };
+inline KernelChoice kernel_choice_from_env(const char* var) {
+  const char* e = std::getenv(var);
+  const std::string v = e != nullptr ? e : "";
+  if (v == "warp") return KernelChoice::warp;
+  if (v == "ts") return KernelChoice::ts;
+  return KernelChoice::automatic;
+}
 
 // SUCCESS, or CUDA_ERROR naming `what` with the error of the launch (or API call) just made.
 inline Status launch_status(const std::string& what) {
