@@ -304,10 +304,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           const bool ok = cok && t0 + tl + j < L;
           float v = dl[j] + bias;
           sp[j] = 1.f;
-          if (p.softplus) {
-            if (full && v <= 20.f) sp[j] = __fdividef(1.f, 1.f + __expf(-v));
-            v = softplus(v);
-          }
+          if (p.softplus) v = softplus(v, full ? &sp[j] : nullptr);
           if (full && hasZ) {
             const float sg = __fdividef(1.f, 1.f + __expf(-zz[j]));
             const float sl = zz[j] * sg;
