@@ -42,16 +42,37 @@ constexpr int kS = 4;          // states per thread
 constexpr int kCh = 32;        // channels per block; lane = channel
 constexpr int kTT = 16;        // steps per tile: a tile's per-thread state history (kTT x kS) lives in registers
 constexpr int kMaxTpc = 4;     // threads (warps) per channel: dstate <= 16
-constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-aligned; lanes' float4 reads conflict-free
+constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-aligned; the sweep's per-lane float4 reads
+                               // (8 channels a quarter-warp, 20 floats apart) are conflict-free
 constexpr int64_t kMinWarps = 1024;  // less parallelism than this: the warp-scan backward (see plan)
 constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoint workspace
 
-// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32), value v (8). Slots are 264 floats apart
-// and rows 16-31 shifted by 4, so the 32 lanes reading (slot, value) pairs of one row hit 32 different banks
-// with immediate offsets, and every row stays 16-byte aligned for the float4 writes.
+// Shared memory serves 16-byte accesses per quarter-warp (8 lanes: 128 bytes a wavefront), 8-byte ones per half-warp,
+// so the layouts below keep those groups on distinct banks.
+//
+// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32), value v (8). Slots are 264 floats apart,
+// and row r is shifted by 4 floats when bit 2 of r differs from bit 4. Writes: the 8 lanes of a quarter-warp store
+// their rows' float4s to 8 different bank quads. Reads: the 32 lanes reading (slot, value) pairs of one row (or,
+// with 16 rows per output, of rows i and 16 + i) hit 32 different banks with immediate offsets. Every row stays 16-byte
+// aligned.
 constexpr int kRedSlot = 32 * 8 + 8;
 constexpr int kRedWarp = 4 * kRedSlot;
-__host__ __device__ constexpr int red_at(int tt, int r, int v) { return tt * kRedSlot + r * 8 + (r >> 4) * 4 + v; }
+__host__ __device__ constexpr int red_at(int tt, int r, int v) {
+  return tt * kRedSlot + r * 8 + (((r >> 2) ^ (r >> 4)) & 1) * 4 + v;
+}
+
+// Staging and epilogue items (channel c, 4 steps q) of a tile. Item it goes to channel
+// 8 (it / 32) + (it % 32) / 8 + 4 ((it / 4) % 2), steps q = it % 4: a quarter-warp holds channels m and m + 4, whose
+// float rows start 16 banks apart (4 kRow = 80), and the 4 lanes of a channel still cover one 32-byte sector of its
+// global row. Raw rows (32 bytes in bf16/fp16) are stored in the order raw_slot(c), which puts the 4 channels of a
+// half-warp (m, m + 4, m + 1, m + 5) on consecutive rows, so their 8-byte reads are conflict-free too.
+static_assert(kTT / 4 == 4 && kCh % 8 == 0, "item mapping assumes 4 items per channel and 8-channel groups");
+__device__ __forceinline__ void item_at(int it, int& c, int& q) {
+  const int l = it & 31;
+  c = (it >> 5) * 8 + (l >> 3) + 4 * ((l >> 2) & 1);
+  q = l & 3;
+}
+__host__ __device__ constexpr int raw_slot(int c) { return (c & ~7) | ((c & 3) << 1) | ((c >> 2) & 1); }
 
 // Shared memory layout in floats (host and device agree).
 struct Layout {
@@ -223,10 +244,9 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       }
     };
 
-    // ---- staging / epilogue role: item (channel ec, 4 steps eg) with 4 consecutive lanes on one channel, so a
-    // warp's itype stores cover whole 32-byte sectors. Items it = tid + m*NT; the assignment is fixed, so the
-    // dD / ddelta_bias shares (sE) are summed in a fixed order.
-    const auto ech = [&](int it) { return it / kGrp; };
+    // ---- staging / epilogue role: items it = tid + m*NT (item_at: channel c, 4 steps q), 4 consecutive lanes on one
+    // channel, so a warp's itype stores cover whole 32-byte sectors. The assignment is fixed, so the dD /
+    // ddelta_bias shares (sE, slot c*kGrp + q) are summed in a fixed order.
     for (int it = tid; it < kCh * kGrp; it += NT) sE[it] = sE[kCh * kGrp + it] = 0.f;
 
     // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C.
@@ -237,7 +257,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         for (int i = tid; i < kCh * QPR; i += NT) {
           const int c = i / QPR, q = i % QPR;
           const int64_t e = t0 + q * VE;
-          unsigned char* dst = raw + ((ten * kCh + c) * kTT + q * VE) * isz;
+          unsigned char* dst = raw + ((ten * kCh + raw_slot(c)) * kTT + q * VE) * isz;
           const T* src = static_cast<const T*>(v.p) + b * v.s[0] + (c0 + c) * v.s[1] + e;
           if (c < nch && e + VE <= L && aligned16(src)) {
             cp_async16(dst, src);
@@ -283,20 +303,22 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     // ---- conversion of the landed raw tile (softplus, the z gate, dz, out_z) into float rows
     const auto prep = [&](int64_t t0, bool full) {
       for (int it = tid; it < kCh * kGrp; it += NT) {
-        const int c = ech(it), tl = (it % kGrp) * 4;
+        int c, q;
+        item_at(it, c, q);
+        const int tl = q * 4, rc = raw_slot(c);
         const bool cok = c < nch;
         const int64_t dc = c0 + (cok ? c : 0);
         const float bias = (cok && p.delta_bias.p != nullptr)
                                ? __ldg(static_cast<const float*>(p.delta_bias.p) + dc * p.delta_bias.s[0])
                                : 0.f;
         float uu[4], dl[4], dt[4], zz[4], oo[4], du[4], sp[4], dz[4];
-        raw4<T>(raw + ((0 * kCh + c) * kTT + tl) * isz, uu);
-        raw4<T>(raw + ((1 * kCh + c) * kTT + tl) * isz, dl);
+        raw4<T>(raw + ((0 * kCh + rc) * kTT + tl) * isz, uu);
+        raw4<T>(raw + ((1 * kCh + rc) * kTT + tl) * isz, dl);
         if (full) {
-          raw4<T>(raw + ((2 * kCh + c) * kTT + tl) * isz, dt);
+          raw4<T>(raw + ((2 * kCh + rc) * kTT + tl) * isz, dt);
           if (hasZ) {
-            raw4<T>(raw + ((3 * kCh + c) * kTT + tl) * isz, zz);
-            raw4<T>(raw + ((4 * kCh + c) * kTT + tl) * isz, oo);
+            raw4<T>(raw + ((3 * kCh + rc) * kTT + tl) * isz, zz);
+            raw4<T>(raw + ((4 * kCh + rc) * kTT + tl) * isz, oo);
           }
         }
 #pragma unroll
@@ -490,7 +512,9 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     // ---- epilogue of a pass-B tile: du, ddelta (itype), dD/ddelta_bias shares, dB/dC atomics
     const auto epilogue = [&](int64_t t0) {
       for (int it = tid; it < kCh * kGrp; it += NT) {
-        const int c = ech(it), tl = (it % kGrp) * 4, o = c * kRow + tl;
+        int c, q;
+        item_at(it, c, q);
+        const int tl = q * 4, o = c * kRow + tl, slot = c * kGrp + q;  // slot: this item's dD/ddelta_bias share
         const bool cok = c < nch;
         const int64_t dc = c0 + (cok ? c : 0);
         const float Dd = (cok && p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dc * p.D.s[0]) : 0.f;
@@ -504,7 +528,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         const float vdl[4] = {dl.x, dl.y, dl.z, dl.w}, vdt[4] = {dt.x, dt.y, dt.z, dt.w};
         const float vu[4] = {uu.x, uu.y, uu.z, uu.w}, vsp[4] = {sp.x, sp.y, sp.z, sp.w};
         const float vgu[4] = {gu.x, gu.y, gu.z, gu.w}, vaq[4] = {aq.x, aq.y, aq.z, aq.w};
-        float du[4], dd[4], eD = sE[it], eB = sE[kCh * kGrp + it];
+        float du[4], dd[4], eD = sE[slot], eB = sE[kCh * kGrp + slot];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           du[j] = fmaf(vdl[j], vgu[j], Dd * vdt[j]);
@@ -512,8 +536,8 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           eD = fmaf(vdt[j], vu[j], eD);
           eB += dd[j];
         }
-        sE[it] = eD;
-        sE[kCh * kGrp + it] = eB;
+        sE[slot] = eD;
+        sE[kCh * kGrp + slot] = eB;
         if (cok) {
           store4<T>(static_cast<T*>(p.du.p) + b * p.du.s[0] + dc * p.du.s[1], t0 + tl, L, du);
           store4<T>(static_cast<T*>(p.ddelta.p) + b * p.ddelta.s[0] + dc * p.ddelta.s[1], t0 + tl, L, dd);
