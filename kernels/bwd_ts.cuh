@@ -50,16 +50,14 @@ constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoi
 // Shared memory serves 16-byte accesses per quarter-warp (8 lanes: 128 bytes a wavefront), 8-byte ones per half-warp,
 // so the layouts below keep those groups on distinct banks.
 //
-// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32), value v (8). Slots are 264 floats apart,
-// and row r is shifted by 4 floats when bit 2 of r differs from bit 4. Writes: the 8 lanes of a quarter-warp store
-// their rows' float4s to 8 different bank quads. Reads: the 32 lanes reading (slot, value) pairs of one row (or,
-// with 16 rows per output, of rows i and 16 + i) hit 32 different banks with immediate offsets. Every row stays 16-byte
-// aligned.
+// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32, 8 floats each), value v (8). Slots are 264
+// floats apart, and row r holds its two float4 halves swapped when red_swz(r) (bit 2 of r differs from bit 4).
+// Writes: the 8 lanes of a quarter-warp store their rows' float4s to 8 different bank quads. Reads: the 32 lanes
+// reading (slot, value) pairs of one row (or, with 16 rows per output, of rows i and 16 + i) hit 32 different banks.
+__host__ __device__ constexpr int red_swz(int r) { return ((r >> 2) ^ (r >> 4)) & 1; }
 constexpr int kRedSlot = 32 * 8 + 8;
 constexpr int kRedWarp = 4 * kRedSlot;
-__host__ __device__ constexpr int red_at(int tt, int r, int v) {
-  return tt * kRedSlot + r * 8 + (((r >> 2) ^ (r >> 4)) & 1) * 4 + v;
-}
+__host__ __device__ constexpr int red_at(int tt, int r, int v) { return tt * kRedSlot + r * 8 + (v ^ (red_swz(r) << 2)); }
 
 // Staging and epilogue items (channel c, 4 steps q) of a tile. Item it goes to channel
 // 8 (it / 32) + (it % 32) / 8 + 4 ((it / 4) % 2), steps q = it % 4: a quarter-warp holds channels m and m + 4, whose
@@ -483,10 +481,13 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
               constexpr int O = 4 * V, P = 32 / O, CNT = 32 / P;
               const int o = lane / P, part = lane % P;
               const int tt = o / V, v = o % V;
-              const float* rb = red + red_at(tt, part * CNT, v);
+              // Rows part*CNT + i (CNT = 16 or 32): their swizzle is red_swz(part*CNT) flipped by red_swz(i), known at
+              // compile time per i, so each read is one of two per-lane bases plus an immediate offset.
+              const float* rb0 = red + red_at(tt, part * CNT, v);
+              const float* rb1 = red + (red_at(tt, part * CNT, v) ^ 4);  // the other half of the same row
               float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: the adds overlap
 #pragma unroll
-              for (int i = 0; i < CNT; ++i) s4[i & 3] += rb[red_at(0, part * CNT + i, 0) - red_at(0, part * CNT, 0)];
+              for (int i = 0; i < CNT; ++i) s4[i & 3] += (red_swz(i) ? rb1 : rb0)[i * 8];
               float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
               for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
