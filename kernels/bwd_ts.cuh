@@ -473,9 +473,10 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           if constexpr (V > 0) {
             // Four steps of V values per lane, then each output (value, step) summed over the 32 channels by
             // P = 32 / (4V) lanes (one output per lane when B and C are both variable).
-            float* slot = red + red_at(j & 3, lane, 0);
-            *reinterpret_cast<float4*>(slot) = make_float4(vals[0], vals[1], vals[2], vals[3]);
-            if constexpr (V == 8) *reinterpret_cast<float4*>(slot + 4) = make_float4(vals[4], vals[5], vals[6], vals[7]);
+            // The row's two halves, each where red_at puts it (swapped in swizzled rows).
+            *reinterpret_cast<float4*>(red + red_at(j & 3, lane, 0)) = make_float4(vals[0], vals[1], vals[2], vals[3]);
+            if constexpr (V == 8)
+              *reinterpret_cast<float4*>(red + red_at(j & 3, lane, 4)) = make_float4(vals[4], vals[5], vals[6], vals[7]);
             if ((j & 3) == 0) {
               __syncwarp();
               constexpr int O = 4 * V, P = 32 / O, CNT = 32 / P;

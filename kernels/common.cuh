@@ -224,6 +224,11 @@ __device__ __forceinline__ float softplus(float x, float* dsp = nullptr) {
   return fmaf(e, q, fmaxf(x, 0.f));
 }
 
+// Upstream's form, log1pf(__expf(x)) below the threshold: 32 instructions with branches. The branches serialise it, so
+// converting 8 values at once needs fewer live registers than with softplus(); the forward's register-starved
+// variant (16-bit inputs at 128 registers) measured faster with it (docs/performance.md).
+__device__ __forceinline__ float softplus_serial(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }
+
 // z * sigmoid(z) with the fast-math division upstream's build uses.
 __device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.f + __expf(-z)); }
 

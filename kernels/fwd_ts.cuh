@@ -40,34 +40,31 @@ struct Cfg {
   int64_t tiles_per_group = 1;  // channel tiles per group
 };
 
-// Variable B/C tiles are [t][state] rows of kBcPitch floats: a compile-time pitch, so the compute's loads take
-// immediate offsets (with a runtime pitch of tpc*kS each costs an address instruction). Each group of V steps (one
-// staging vector: 8 in fp16/bf16, 4 in fp32) starts 8 floats after the previous group's end: the staging threads of a
-// warp store 8 states x 4 such groups at once, which without the shift land on 8 banks (a 4-way conflict, 10% of all
-// shared wavefronts on 8x1536x2048:16). Rows stay 16-byte aligned for the compute's float4 reads.
-constexpr int kBcPitch = kS * kMaxTpc;
+// Variable B/C tiles are [t][state] rows of tpc*kS floats. Each group of 2^vs steps (one staging vector: 8 in
+// fp16/bf16, 4 in fp32) starts 8 floats after the previous group's end: the staging threads of a warp store 8 states x
+// 4 such groups at once, which without the shift land on 8 banks (a 4-way conflict, 10% of all shared wavefronts on
+// 8x1536x2048:16). vs = 0: no shift (the register-starved variant, see fwd_ts_kernel). Rows stay 16-byte aligned.
 constexpr int kBcPad = (32 / 4 - 1) * 8;  // the last group's shift: tt <= 32 steps, groups of >= 4
-__device__ __forceinline__ int bc_row(int t, int vs) { return t * kBcPitch + ((t >> vs) << 3); }
+__device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (vs ? (t >> vs) << 3 : 0); }
 
-// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][kBcPitch] (+ kBcPad) when variable, y partials
+// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] (+ kBcPad) when variable, y partials
 // [threads][tt+4], D u [ch][tt+4] (used for fp32 only, see kUdInSmem). Rows padded by 4 floats keep float4 alignment and spread banks.
 __host__ __device__ inline int64_t smem_floats(const Cfg& c, bool var_B, bool var_C) {
   const int64_t row = c.tt + 4;
-  const int64_t bc = static_cast<int64_t>(c.tt) * kBcPitch + kBcPad;
+  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS + kBcPad;
   return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
 }
 
 // The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
-// shared memory (sBk/sCk point at the thread's first state of step 0; rows at bc_row(t, VS)); otherwise bs/cc hold
+// shared memory (sBk/sCk point at the thread's first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold
 // the constants. For constant B with variable C, `cc` multiplies C (the folded B of upstream's convention, or 1).
 template <bool VB, bool VC, int VS>
 __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
-                                      const float* sCk, float* y_row, float (&h)[kS],
+                                      const float* sCk, int np, float* y_row, float (&h)[kS],
                                       const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
                                       bool want_sum, float& dsum) {
   for (int t = 0; t < tt; t += 4) {
-    const float* bq = sBk + bc_row(t, VS);  // the same shift for the 4 steps (4 divides V)
-    const float* cq = sCk + bc_row(t, VS);
+    const int pad = bc_row(t, VS, np) - t * np;  // the same for the 4 steps (4 divides V)
     const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
     const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
     const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
@@ -77,11 +74,11 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
     for (int j = 0; j < 4; ++j) {
       float bv[kS], cv[kS];
       if constexpr (VB) {
-        const float4 q = *reinterpret_cast<const float4*>(bq + j * kBcPitch);
+        const float4 q = *reinterpret_cast<const float4*>(sBk + (t + j) * np + pad);
         bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
       }
       if constexpr (VC) {
-        const float4 q = *reinterpret_cast<const float4*>(cq + j * kBcPitch);
+        const float4 q = *reinterpret_cast<const float4*>(sCk + (t + j) * np + pad);
         cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
         if constexpr (!VB) {
 #pragma unroll
@@ -109,7 +106,13 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
 template <typename T, int MINB>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
-  constexpr int VS = V == 8 ? 3 : 2;   // log2(V)
+  // The 16-bit variant at MINB 4 (128 registers; 8x1536x2048:16) is register-starved: there the branch-free softplus
+  // (more live values while 8 are converted) and the B/C group shift (an address term in the state loop) each cost
+  // 3-7% (H200: 0.270 ms without either, 0.277 with the softplus, 0.290 with both), while the other variants gained
+  // (4x5120x2048:16 0.484 -> 0.449 ms, fp32 8x1536x2048:16 0.312 -> 0.286). So it keeps the serial softplus and no
+  // shift.
+  constexpr bool kLean = sizeof(T) == 2 && MINB == 4;
+  constexpr int VS = kLean ? 0 : (V == 8 ? 3 : 2);  // log2(V), or 0: no B/C group shift
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
+  const int NP = TPC * kS;     // padded states
   const int ROW = TT + 4;
   const int64_t L = p.seqlen, N = p.dstate;
   const int64_t cpg = p.dim / p.groups;
@@ -131,8 +135,8 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
 
   float* sDl = smem;                  // [CH][ROW]
   float* sDu = sDl + CH * ROW;        // [CH][ROW]
-  float* sB = sDu + CH * ROW;         // [TT][kBcPitch], shifted per group (bc_row)
-  const int BCT = TT * kBcPitch + kBcPad;  // floats per B/C tile
+  float* sB = sDu + CH * ROW;         // [TT][NP]
+  const int BCT = TT * NP + kBcPad;  // floats per B/C tile
   float* sC = sB + (var_B ? BCT : 0);
   float* sY = sC + (var_C ? BCT : 0);  // [threads][ROW]
   float* sUD = sY + nthreads * ROW;        // [CH][ROW]: D u, the skip term of y
@@ -199,17 +203,16 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       float uu[V], dl[V], du[V];
       unpack16<T>(ru, uu);
       unpack16<T>(rdt, dl);
-      // Four elements at a time, stored before the next four: fewer live registers at the 128-register cap.
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float v = dl[j] + dbias;
+        if (p.softplus) v = kLean ? softplus_serial(v) : softplus(v);
+        if (t0 + qt + j >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
+        dl[j] = v;
+        du[j] = v * uu[j];
+      }
 #pragma unroll
       for (int j = 0; j < V; j += 4) {
-#pragma unroll
-        for (int jj = j; jj < j + 4; ++jj) {
-          float v = dl[jj] + dbias;
-          if (p.softplus) v = softplus(v);
-          if (t0 + qt + jj >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
-          dl[jj] = v;
-          du[jj] = v * uu[jj];
-        }
         const int o = qc * ROW + qt + j;
         *reinterpret_cast<float4*>(sDl + o) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
         *reinterpret_cast<float4*>(sDu + o) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
@@ -222,12 +225,12 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     if (B_row != nullptr) {
       unpack16<T>(rB, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sB[bc_row(qt, VS) + j * kBcPitch + qn] = v[j];
+      for (int j = 0; j < V; ++j) sB[bc_row(qt, VS, NP) + j * NP + qn] = v[j];
     }
     if (C_row != nullptr) {
       unpack16<T>(rC, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sC[bc_row(qt, VS) + j * kBcPitch + qn] = v[j];
+      for (int j = 0; j < V; ++j) sC[bc_row(qt, VS, NP) + j * NP + qn] = v[j];
     }
   };
 
@@ -251,11 +254,11 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       const float* sCk = sC + k * kS;
       float* y_row = sY + tid * ROW;
       if (var_B) {
-        if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       } else {
-        if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, y_row, h, a2, bs, cf, want_x, dsum);
+        if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= L)) {
