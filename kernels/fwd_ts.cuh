@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
 
   float* sDl = smem;                  // [CH][ROW]
   float* sDu = sDl + CH * ROW;        // [CH][ROW]
-  float* sB = sDu + CH * ROW;         // [TT][NP]
+  float* sB = sDu + CH * ROW;         // [TT][NP], row t at bc_row(t, VS, NP)
   const int BCT = TT * NP + kBcPad;  // floats per B/C tile
   float* sC = sB + (var_B ? BCT : 0);
   float* sY = sC + (var_C ? BCT : 0);  // [threads][ROW]
