@@ -33,44 +33,16 @@
 
 #include "bwd.cuh"
 #include "cuda/launch.h"
+#include "bwd_ts_layout.h"
 #include "common.cuh"
 #include "problem.h"
 
 namespace selscan::kern::bwd::ts {
 
 constexpr int kS = 4;          // states per thread
-constexpr int kCh = 32;        // channels per block; lane = channel
-constexpr int kTT = 16;        // steps per tile: a tile's per-thread state history (kTT x kS) lives in registers
 constexpr int kMaxTpc = 4;     // threads (warps) per channel: dstate <= 16
-constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-aligned; the sweep's per-lane float4 reads
-                               // (8 channels a quarter-warp, 20 floats apart) are conflict-free
 constexpr int64_t kMinWarps = 1024;  // less parallelism than this: the warp-scan backward (see plan)
 constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoint workspace
-
-// Shared memory serves 16-byte accesses per quarter-warp (8 lanes: 128 bytes a wavefront), 8-byte ones per half-warp,
-// so the layouts below keep those groups on distinct banks.
-//
-// The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32, 8 floats each), value v (8). Slots are 264
-// floats apart, and row r holds its two float4 halves swapped when red_swz(r) (bit 2 of r differs from bit 4).
-// Writes: the 8 lanes of a quarter-warp store their rows' float4s to 8 different bank quads. Reads: the 32 lanes
-// reading (slot, value) pairs of one row (or, with 16 rows per output, of rows i and 16 + i) hit 32 different banks.
-__host__ __device__ constexpr int red_swz(int r) { return ((r >> 2) ^ (r >> 4)) & 1; }
-constexpr int kRedSlot = 32 * 8 + 8;
-constexpr int kRedWarp = 4 * kRedSlot;
-__host__ __device__ constexpr int red_at(int tt, int r, int v) { return tt * kRedSlot + r * 8 + (v ^ (red_swz(r) << 2)); }
-
-// Staging and epilogue items (channel c, 4 steps q) of a tile. Item it goes to channel
-// 8 (it / 32) + (it % 32) / 8 + 4 ((it / 4) % 2), steps q = it % 4: a quarter-warp holds channels m and m + 4, whose
-// float rows start 16 banks apart (4 kRow = 80), and the 4 lanes of a channel still cover one 32-byte sector of its
-// global row. Raw rows (32 bytes in bf16/fp16) are stored in the order raw_slot(c), which puts the 4 channels of a
-// half-warp (m, m + 4, m + 1, m + 5) on consecutive rows, so their 8-byte reads are conflict-free too.
-static_assert(kTT / 4 == 4 && kCh % 8 == 0, "item mapping assumes 4 items per channel and 8-channel groups");
-__device__ __forceinline__ void item_at(int it, int& c, int& q) {
-  const int l = it & 31;
-  c = (it >> 5) * 8 + (l >> 3) + 4 * ((l >> 2) & 1);
-  q = l & 3;
-}
-__host__ __device__ constexpr int raw_slot(int c) { return (c & ~7) | ((c & 3) << 1) | ((c >> 2) & 1); }
 
 // Shared memory layout in floats (host and device agree).
 struct Layout {
@@ -482,13 +454,10 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
               constexpr int O = 4 * V, P = 32 / O, CNT = 32 / P;
               const int o = lane / P, part = lane % P;
               const int tt = o / V, v = o % V;
-              // Rows part*CNT + i (CNT = 16 or 32): their swizzle is red_swz(part*CNT) flipped by red_swz(i), known at
-              // compile time per i, so each read is one of two per-lane bases plus an immediate offset.
-              const float* rb0 = red + red_at(tt, part * CNT, v);
-              const float* rb1 = red + (red_at(tt, part * CNT, v) ^ 4);  // the other half of the same row
+              const int base = red_at(tt, part * CNT, v);
               float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: the adds overlap
 #pragma unroll
-              for (int i = 0; i < CNT; ++i) s4[i & 3] += (red_swz(i) ? rb1 : rb0)[i * 8];
+              for (int i = 0; i < CNT; ++i) s4[i & 3] += red[red_read(base, i)];
               float sum = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
               for (int m = 1; m < P; m <<= 1) sum += __shfl_xor_sync(kFullMask, sum, m);
