@@ -123,10 +123,11 @@ Status launch_bwd(const Problem& p, Family f, void* stream, void* workspace, siz
                 "backward: workspace of " + std::to_string(workspace_bytes) + " bytes, need " +
                     std::to_string(plan.total));
   int dev = 0, optin = 0;
+  const size_t smem = plan.ts ? plan.ts_smem : plan.smem;  // of the main kernel the plan chose
   if (cudaGetDevice(&dev) == cudaSuccess &&
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-      (plan.ts ? plan.ts_smem : plan.smem) > static_cast<size_t>(optin))
-    return fail(SELSCAN_STATUS_UNSUPPORTED, "backward: needs " + std::to_string(plan.ts ? plan.ts_smem : plan.smem) +
+      smem > static_cast<size_t>(optin))
+    return fail(SELSCAN_STATUS_UNSUPPORTED, "backward: needs " + std::to_string(smem) +
                                                 " bytes of shared memory per block, device " + std::to_string(dev) +
                                                 " allows " + std::to_string(optin));
   const auto st = static_cast<cudaStream_t>(stream);
