@@ -1,6 +1,6 @@
 // The thread-states backward's shared-memory index maps (kernels/bwd_ts_layout.h), checked on the host: each is a
 // bijection inside its buffer, and the accesses the kernel makes through them are free of bank conflicts. A broken map
-// shows on a GPU only as wrong gradients (two such bugs did, docs/gpu-validation.md runs 25-26); this needs no GPU.
+// shows on a GPU only as wrong gradients (two such bugs did, validation/gpu-runs.md runs 25-26); this needs no GPU.
 #include <gtest/gtest.h>
 
 #include <set>
