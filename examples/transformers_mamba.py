@@ -2,7 +2,13 @@
 """transformers' MambaForCausalLM with every mixer's selective scan done by libselscan, checked against the
 model's own slow (pure PyTorch) path: logits, loss and every parameter gradient, then fwd+bwd tokens/s of both.
 
-    SELSCAN_LIBRARY=build/ci/libselscan.so PYTHONPATH=python python3 examples/transformers_mamba.py
+    python3 examples/transformers_mamba.py              # a small model: correctness and speed vs the slow path
+    python3 examples/transformers_mamba.py --bench      # mamba-130m shape, bf16, batch x seqlen 8x2048 and 1x256:
+                                                        # training (fwd+bwd) and prefill tokens/s
+
+--bench checks the patched model against the slow path at 1x256 first, then times selscan and, when upstream's
+selective_scan_cuda (or mamba_ssm) is importable, upstream's scan through the same unfused model path
+(bench/upstream_scan.py); the slow path itself is timed at the small shape only (it loops over tokens in Python).
 
 Needs torch and transformers (MambaForCausalLM); a CUDA build of libselscan for --device cuda (the default when
 torch sees a GPU), any build for --device cpu. Exit status 0 iff the comparison is within tolerance.
@@ -24,6 +30,7 @@ from transformers import MambaConfig, MambaForCausalLM
 
 from selscan.torch import selective_scan_fn
 
+SCAN_FN = [selective_scan_fn]  # what the patched model calls: selscan, or upstream's scan for --bench baselines
 
 # transformers >= 5 calls a module-level mamba_selective_scan (upstream's selective_scan_fn signature) from
 # MambaMixer.forward; older releases have the scan loop inside MambaMixer.slow_forward. Both are handled.
@@ -34,6 +41,8 @@ SELSCAN_CALLS = [0]  # proof that the patched model really ran through selscan (
 def selscan_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                  return_last_state=False, **unused):
     SELSCAN_CALLS[0] += 1
+    if SCAN_FN[0] is not selective_scan_fn:
+        return SCAN_FN[0](hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus)
     return selective_scan_fn(hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
 
 
@@ -113,8 +122,74 @@ def tokens_per_s(model, ids, iters, device):
     return ids.numel() * iters / (time.perf_counter() - t0)
 
 
+def prefill_tokens_per_s(model, ids, iters, device):
+    def step():
+        with torch.no_grad(), scan_backend(model.use_selscan):
+            model(input_ids=ids, use_cache=False)
+
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return ids.numel() * iters / (time.perf_counter() - t0)
+
+
+def bench(args, device):
+    """The mamba-130m shape (24 layers, hidden 768, state 16, vocab 50280), bf16, random weights."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
+    from upstream_scan import upstream_fn
+
+    torch.manual_seed(args.seed)
+    config = MambaConfig(vocab_size=50280, hidden_size=768, state_size=16, num_hidden_layers=24, expand=2,
+                         conv_kernel=4, use_mambapy=False)
+    model = MambaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
+    slow = copy.deepcopy(model)
+    patch(slow, False)
+    n = patch(model, True)
+    scans = {"selscan": selective_scan_fn}
+    up = upstream_fn()
+    if up is not None:
+        scans["upstream"] = up
+    print(f"MambaForCausalLM mamba-130m shape: {n} layers, bf16 on {device}; transformers {transformers.__version__}; "
+          f"{selscan_info()}; upstream {'timed' if up else 'not importable'}")
+    # Correctness at the small shape against the model's own slow path.
+    ids = torch.randint(0, 50280, (1, 256), device=device)
+    o_ref, o_our = fwd_bwd(slow, ids), fwd_bwd(model, ids)
+    loss_err = abs(o_our.loss.item() - o_ref.loss.item()) / abs(o_ref.loss.item())
+    logit_err = ((o_our.logits.float() - o_ref.logits.float()).abs().max()
+                 / o_ref.logits.float().abs().max()).item()
+    ok = loss_err <= 5e-2 and logit_err <= 5e-2
+    print(f"1x256 vs slow path: loss rel diff {loss_err:.2e}, logits max |diff|/max|ref| {logit_err:.2e}: "
+          f"{'PASS' if ok else 'FAIL'}")
+    rows = []
+    for bt, L, iters in ((8, 2048, 5), (1, 256, 20)):
+        ids = torch.randint(0, 50280, (bt, L), device=device)
+        for name, fn in scans.items():
+            SCAN_FN[0] = fn
+            rows.append((f"{bt}x{L}", name, tokens_per_s(model, ids, iters, device),
+                         prefill_tokens_per_s(model, ids, iters, device)))
+            print(f"{bt}x{L} {name:>9}: train {rows[-1][2]:>10,.0f} tokens/s, prefill {rows[-1][3]:>10,.0f} tokens/s")
+        SCAN_FN[0] = selective_scan_fn
+        if bt == 1:
+            rows.append((f"{bt}x{L}", "slow path", tokens_per_s(slow, ids, 3, device),
+                         prefill_tokens_per_s(slow, ids, 3, device)))
+            print(f"{bt}x{L} slow path: train {rows[-1][2]:>10,.0f} tokens/s, prefill {rows[-1][3]:>10,.0f} tokens/s")
+    return 0 if ok else 1
+
+
+def selscan_info():
+    import selscan
+    return selscan.build_info()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", action="store_true", help="mamba-130m shape timings (see above)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--layers", type=int, default=4)
@@ -128,6 +203,8 @@ def main():
     args = ap.parse_args()
 
     device = torch.device(args.device)
+    if args.bench:
+        return bench(args, device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     torch.manual_seed(args.seed)
     config = MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=args.state,

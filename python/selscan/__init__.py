@@ -12,7 +12,11 @@ The library is found through $SELSCAN_LIBRARY, else beside this package, else un
 
 import ctypes
 
-from . import _lib
+import sys
+
+import numpy as np
+
+from . import _backends, _lib, _plan
 from ._backends import backend_for
 from ._core import prepare, run_bwd, run_fwd, user_grad
 from ._lib import SelscanError
@@ -59,6 +63,11 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     Returns out * silu(z) if z is given else out; with return_last_state, (that, last_state (Bt, D, N)).
     num_threads: CPU worker threads (0 = all).
     """
+    if itype is None:
+        r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus),
+                      bool(return_last_state), num_threads)
+        if r is not None:
+            return r
     be, u = backend_for(u)
     p = prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state, itype)
     r = run_fwd(p, delta_softplus, want_x=False, want_last=bool(return_last_state), num_threads=num_threads)
@@ -84,3 +93,115 @@ def selective_scan_bwd(dout, u, delta, A, B, C, D=None, z=None, delta_bias=None,
     if initial_state is not None:
         res["dinitial_state"] = g["dh0"]
     return res
+
+
+# ------------------------------------------------------------------------------------------- fast path
+# numpy and CuPy arrays already in the library's dtypes and layouts skip prepare()/run_fwd(): the call plan of
+# their signature (_plan.py) is reused and only pointers are written. Anything else takes the general path.
+
+_NP_CODES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(np.complex64): "c64"}
+_FWD_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+
+
+def _sig(a):
+    return None if a is None else (a.shape, a.strides, a.dtype)
+
+
+def _np_ptr(a):
+    return a.__array_interface__["data"][0]
+
+
+def _cp_ptr(a):
+    return a.data.ptr
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _fwd_layout(ins, want_last):
+    """(specs of the inputs, the outputs to allocate) of a forward signature, or None when the arrays need
+    the general path's conversions (other dtypes, negative or odd strides, a strided last dimension)."""
+    u, delta, A, B, C, D, z, bias, h0 = ins
+    it, wt = _NP_CODES.get(u.dtype), _NP_CODES.get(A.dtype)
+    if it not in ("fp32", "fp16") or wt not in ("fp32", "c64"):
+        return None
+    want = {"u": it, "delta": it, "z": it, "A": wt, "D": "fp32", "delta_bias": "fp32", "h0": wt}
+    for name, a in (("B", B), ("C", C)):
+        want[name] = it if a.ndim >= 3 else wt
+    specs = {}
+    for name, a in zip(_FWD_NAMES, ins):
+        if a is None:
+            continue
+        item = a.dtype.itemsize
+        if _NP_CODES.get(a.dtype) != want[name] or any(s < 0 or s % item for s in a.strides):
+            return None
+        if name in ("u", "delta", "z", "B", "C") and a.ndim >= 3 and a.shape[-1] > 1 and a.strides[-1] != item:
+            return None
+        specs[name] = (want[name], a.shape, tuple(s // item for s in a.strides))
+    outs = [("out", u.shape, u.dtype)]
+    if z is not None:
+        outs.append(("out_z", u.shape, u.dtype))
+    if want_last:
+        outs.append(("last_state", (u.shape[0], u.shape[1], A.shape[-1]), A.dtype))
+    for name, shape, dt in outs:
+        specs[name] = (_NP_CODES[dt], shape, _contiguous_strides(shape))
+    return specs, tuple((shape, dt) for _, shape, dt in outs)
+
+
+def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_threads):
+    if not _plan.ENABLED:
+        return None
+    tu = type(u)
+    if tu is np.ndarray:
+        device_kind, device_index, ptr, xp = _lib.DEVICE_CPU, 0, _np_ptr, np
+    else:
+        cp = sys.modules.get("cupy")
+        if cp is None or tu is not cp.ndarray:
+            return None
+        device_index = u.device.id
+        if device_index != cp.cuda.runtime.getDevice():
+            return None  # outputs and stream would belong to another device: the general path switches
+        device_kind, ptr, xp = _lib.DEVICE_CUDA, _cp_ptr, cp
+    ins = (u, delta, A, B, C, D, z, bias, h0)
+    for i, a in enumerate(ins):
+        if type(a) is not tu and (a is not None or i < 5):
+            return None
+    key = (device_index, softplus, want_last, num_threads, _sig(u), _sig(delta), _sig(A), _sig(B), _sig(C),
+           _sig(D), _sig(z), _sig(bias), _sig(h0))
+    plans = _plan.cache("xp_fwd")
+    plan = plans.get(key, False)
+    if plan is None:
+        return None
+    layout = None
+    if plan is False:
+        layout = _fwd_layout(ins, want_last)
+        if layout is None:
+            plans[key] = None
+            return None
+    outs = [xp.empty(shape, dt) for shape, dt in (layout[1] if plan is False else plan.info)]
+    if _backends.POISON:
+        for o in outs:
+            o.fill(np.nan)
+    ptrs = [ptr(a) for a in ins if a is not None] + [ptr(o) for o in outs]
+    if plan is False:
+        try:
+            plan = _plan.Plan("fwd", layout[0], ptrs, {"delta_softplus": softplus}, device_kind, device_index,
+                              num_threads)
+        except SelscanError:
+            plans[key] = None
+            return None  # the general path reports the same error in the caller's terms
+        plan.info = layout[1]
+        plans[key] = plan
+    stream = cp.cuda.get_current_stream().ptr if device_kind == _lib.DEVICE_CUDA else 0
+    if plan.ws_bytes:
+        ws = xp.empty(plan.ws_bytes, np.uint8)
+        plan.run(ptrs, stream, ptr(ws))
+    else:
+        plan.run(ptrs, stream)
+    y = outs[1] if z is not None else outs[0]
+    return (y, outs[-1]) if want_last else y

@@ -58,7 +58,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
   std::atomic<bool> abort{false};
 
   const int64_t ntasks = Bt * G * blocks;
-  const int nthreads = resolve_threads(num_threads, ntasks);
+  const int nthreads = resolve_threads(num_threads, ntasks, Bt * D * L * N);
   std::vector<std::unique_ptr<BwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
 
   auto body = [&](int64_t task, int worker) {
@@ -286,7 +286,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
   // Variable dB/dC: [L][Np] accumulators -> (Bt, G, N, L or 2L) itype, rounded once.
   if (vb || vc) {
     const int64_t wl = p.is_complex ? 2 * L : L;
-    const int nt = resolve_threads(num_threads, Bt * G);
+    const int nt = resolve_threads(num_threads, Bt * G, Bt * G * N * L);
     std::vector<std::vector<float>> rows(static_cast<size_t>(nt));
     auto convert = [&](int64_t task, int worker) {
       std::vector<float>& r = rows[static_cast<size_t>(worker)];

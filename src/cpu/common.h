@@ -147,7 +147,10 @@ inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 inline int64_t padded_states(int64_t n) { return (n + 7) / 8 * 8; }
 
 // ---------------------------------------------------------------------------------------------- threads
-int resolve_threads(int requested, int64_t tasks);
+// Worker threads for a call of `tasks` independent tasks and `updates` state updates in all: `requested`, or when
+// that is 0, the hardware threads, but no more than one per kMinUpdatesPerThread updates.
+inline constexpr int64_t kMinUpdatesPerThread = int64_t{1} << 16;
+int resolve_threads(int requested, int64_t tasks, int64_t updates);
 
 // Runs body(task, worker) for every task in [0, ntasks) on `nthreads` workers (the caller is worker 0).
 // Tasks are handed out in increasing order. The first exception stops the run and becomes the status

@@ -36,11 +36,11 @@ Status fwd_impl(const Problem& p, int num_threads) {
   const bool vb = p.var_B, vc = p.var_C, with_P = p.x.present();
 
   // Channel blocks: about 4 tasks per thread, at most 64 channels each (the row state lives in scratch).
-  const int guess = resolve_threads(num_threads, Bt * D);
+  const int guess = resolve_threads(num_threads, Bt * D, Bt * D * L * N);
   const int64_t K = std::min<int64_t>(cpg, std::clamp<int64_t>((Bt * D + 4 * guess - 1) / (4 * guess), 1, 64));
   const int64_t blocks = (cpg + K - 1) / K;
   const int64_t ntasks = Bt * G * blocks;
-  const int nthreads = resolve_threads(num_threads, ntasks);
+  const int nthreads = resolve_threads(num_threads, ntasks, Bt * D * L * N);
   std::vector<std::unique_ptr<FwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
 
   auto body = [&](int64_t task, int worker) {

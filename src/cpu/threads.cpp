@@ -34,11 +34,14 @@ class DenormalsAreZero {
 
 }  // namespace
 
-int resolve_threads(int requested, int64_t tasks) {
+int resolve_threads(int requested, int64_t tasks, int64_t updates) {
   int n = requested;
   if (n <= 0) {
     const unsigned hw = std::thread::hardware_concurrency();
     n = hw == 0 ? 1 : static_cast<int>(std::min<unsigned>(hw, 1024));
+    // Starting and joining a worker costs tens of microseconds, as much as ~10^4-10^5 state updates: a
+    // small call (a decode step, a short sequence) runs fastest on the caller's thread alone.
+    n = static_cast<int>(std::clamp<int64_t>(updates / kMinUpdatesPerThread, 1, n));
   }
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n, tasks)));
 }

@@ -1,0 +1,94 @@
+"""Call plans: the per-call host work of the binding, done once per call signature.
+
+A signature is everything the library checks except addresses: each tensor's dtype, shape and strides, the
+flags, the device. The first call with a signature fills the argument and exec structs field by field and asks
+for the workspace size; every later call with it only writes the data pointers, the stream and the workspace
+into those structs (uint64 stores through a memoryview) and calls the library. Per-call host time is what
+decode-sized and per-layer calls pay, so it matters as much as the kernels there (docs/python.md).
+
+Plans live in per-thread caches (a plan's structs are patched in place, so two threads must not share one),
+bounded so that a stream of new shapes cannot grow them without limit. The library still validates every call:
+a plan only saves the binding's own work.
+"""
+
+import ctypes
+import threading
+
+from . import _lib
+
+# Test hook: False sends every call through the general path (the tests compare the two).
+ENABLED = True
+
+_MAX_PLANS = 256  # per thread and kind; past it the cache starts over (a workload uses a handful of shapes)
+
+
+def _raw(name):
+    # A second handle on the entry point taking plain addresses: no per-call ctypes argument conversion.
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    return proto(ctypes.cast(getattr(_lib.lib, name), ctypes.c_void_p).value)
+
+
+_FWD = _raw("selscan_fwd")
+_BWD = _raw("selscan_bwd")
+
+_EX_STREAM = _lib.Exec.stream.offset // 8
+_EX_WS = _lib.Exec.workspace.offset // 8
+_EX_WS_BYTES = _lib.Exec.workspace_bytes.offset // 8
+
+
+def _u64(struct):
+    return memoryview(struct).cast("B").cast("Q")
+
+
+class Plan:
+    """One signature's structs. `slots` are the uint64 indices of the present tensors' data pointers, in the
+    order of `names`; `ws_bytes` the workspace the library asked for; `info` whatever the caller needs to
+    allocate outputs for this signature."""
+
+    __slots__ = ("args", "ex", "q", "eq", "slots", "a_addr", "e_addr", "ws_bytes", "fn", "fn_name", "info")
+
+    def __init__(self, kind, specs, ptrs, flags, device_kind, device_index, num_threads):
+        """specs: name -> (dtype code, shape, strides in elements) for each present tensor, in the order the
+        pointers are given per call; ptrs: the first call's pointers (the workspace query validates them)."""
+        args = _lib.new_fwd_args() if kind == "fwd" else _lib.new_bwd_args()
+        for (name, (code, shape, strides)), ptr in zip(specs.items(), ptrs):
+            _lib.set_tensor(getattr(args, name), ptr, _lib.DTYPE_CODES[code], shape, strides)
+        for field, value in flags.items():
+            setattr(args, field, int(value))
+        ex = _lib.make_exec(device_kind, device_index, None, num_threads)
+        self.args, self.ex = args, ex
+        self.q, self.eq = _u64(args), _u64(ex)
+        cls = type(args)
+        self.slots = tuple(getattr(cls, name).offset // 8 for name in specs)
+        self.a_addr, self.e_addr = ctypes.addressof(args), ctypes.addressof(ex)
+        self.fn, self.fn_name = (_FWD, "selscan_fwd") if kind == "fwd" else (_BWD, "selscan_bwd")
+        self.ws_bytes = 0
+        if device_kind == _lib.DEVICE_CUDA:
+            n = ctypes.c_size_t(0)
+            _lib.call(f"selscan_{kind}_workspace_size", ctypes.byref(args), ctypes.byref(ex), ctypes.byref(n))
+            self.ws_bytes = int(n.value)
+            self.eq[_EX_WS_BYTES] = self.ws_bytes
+        self.info = None
+
+    def run(self, ptrs, stream=0, workspace=0):
+        q = self.q
+        for i, p in zip(self.slots, ptrs):
+            q[i] = p
+        eq = self.eq
+        eq[_EX_STREAM] = stream
+        eq[_EX_WS] = workspace
+        status = self.fn(self.a_addr, self.e_addr)
+        if status:
+            raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, self.fn_name)
+
+
+_tls = threading.local()
+
+
+def cache(kind):
+    """This thread's plan cache for `kind` (a dict: signature -> Plan, or None where the signature needs the
+    general path)."""
+    d = _tls.__dict__.get(kind)
+    if d is None or len(d) > _MAX_PLANS:
+        d = _tls.__dict__[kind] = {}
+    return d
