@@ -158,7 +158,7 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
         return None
     tu = type(u)
     if tu is np.ndarray:
-        device_kind, device_index, ptr, xp = _lib.DEVICE_CPU, 0, _np_ptr, np
+        device_kind, device_index, ptr, xp = _lib.DEVICE_CPU, -1, _np_ptr, np  # -1: no plan shared with CuPy's
     else:
         cp = sys.modules.get("cupy")
         if cp is None or tu is not cp.ndarray:
@@ -190,8 +190,8 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
     ptrs = [ptr(a) for a in ins if a is not None] + [ptr(o) for o in outs]
     if plan is False:
         try:
-            plan = _plan.Plan("fwd", layout[0], ptrs, {"delta_softplus": softplus}, device_kind, device_index,
-                              num_threads)
+            plan = _plan.Plan("fwd", layout[0], ptrs, {"delta_softplus": softplus}, device_kind,
+                              max(device_index, 0), num_threads)
         except SelscanError:
             plans[key] = None
             return None  # the general path reports the same error in the caller's terms
