@@ -107,6 +107,9 @@ def _sig(a):
     return None if a is None else (a.shape, a.strides, a.dtype)
 
 
+_NP_PTR, _CP_PTR = "{}.__array_interface__['data'][0]", "{}.data.ptr"  # a plan's address expressions
+
+
 def _np_ptr(a):
     return a.__array_interface__["data"][0]
 
@@ -183,25 +186,26 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
         if layout is None:
             plans[key] = None
             return None
-    outs = [xp.empty(shape, dt) for shape, dt in (layout[1] if plan is False else plan.info)]
+    outs = [xp.empty(shape, dt) for shape, dt in (layout[1] if plan is False else plan.info[0])]
     if _backends.POISON:
         for o in outs:
             o.fill(np.nan)
-    ptrs = [ptr(a) for a in ins if a is not None] + [ptr(o) for o in outs]
+    ts = ins + tuple(outs)
     if plan is False:
         try:
-            plan = _plan.Plan("fwd", layout[0], ptrs, {"delta_softplus": softplus}, device_kind,
-                              max(device_index, 0), num_threads)
+            plan = _plan.Plan("fwd", layout[0], [ptr(a) for a in ts if a is not None], {"delta_softplus": softplus},
+                              device_kind, max(device_index, 0), num_threads)
         except SelscanError:
             plans[key] = None
             return None  # the general path reports the same error in the caller's terms
-        plan.info = layout[1]
+        plan.info = (layout[1], plan.caller([i for i, a in enumerate(ts) if a is not None],
+                                            _NP_PTR if xp is np else _CP_PTR))
         plans[key] = plan
     stream = cp.cuda.get_current_stream().ptr if device_kind == _lib.DEVICE_CUDA else 0
     if plan.ws_bytes:
         ws = xp.empty(plan.ws_bytes, np.uint8)
-        plan.run(ptrs, stream, ptr(ws))
+        plan.info[1](ts, stream, ptr(ws))
     else:
-        plan.run(ptrs, stream)
+        plan.info[1](ts, stream, 0)
     y = outs[1] if z is not None else outs[0]
     return (y, outs[-1]) if want_last else y

@@ -70,6 +70,22 @@ class Plan:
             self.eq[_EX_WS_BYTES] = self.ws_bytes
         self.info = None
 
+    def caller(self, positions, ptr):
+        """A function f(tensors, stream, workspace) that writes tensors[i]'s address (the expression `ptr` with
+        {} standing for the tensor, e.g. "{}.data_ptr()") into the slot of the i-th present tensor, for i in
+        `positions`, then calls the library. Generated as straight-line code: per-call host time is the point."""
+        lines = [f"    q[{slot}] = {ptr.format(f'ts[{i}]')}" for slot, i in zip(self.slots, positions)]
+        src = ("def call(ts, stream, workspace):\n" + "\n".join(lines) + "\n"
+               f"    eq[{_EX_STREAM}] = stream\n    eq[{_EX_WS}] = workspace\n"
+               "    status = fn(a, e)\n    if status:\n        fail(status)\n")
+        scope = {"q": self.q, "eq": self.eq, "fn": self.fn, "a": self.a_addr, "e": self.e_addr,
+                 "fail": self._fail, "plan": self}  # `plan` keeps the structs alive as long as the function
+        exec(compile(src, f"<selscan call plan {self.fn_name}>", "exec"), scope)
+        return scope["call"]
+
+    def _fail(self, status):
+        raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, self.fn_name)
+
     def run(self, ptrs, stream=0, workspace=0):
         q = self.q
         for i, p in zip(self.slots, ptrs):

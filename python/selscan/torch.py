@@ -30,7 +30,7 @@ def _none_if_empty(t, present):
 def _fwd_impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
     r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, True, True)
     if r is not None:
-        out, out_z, x, last = r
+        out, out_z, x, last = r[1]
         return out, out_z if out_z is not None else u.new_empty((0,)), x, last
     be = TorchBackend(u)
     p = _core.prepare(be, u, delta, A, B, C, D, z, delta_bias)
@@ -40,7 +40,10 @@ def _fwd_impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
 
 
 def _bwd_impl(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus, deterministic):
-    g = _fast_bwd(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus, deterministic)
+    g = None
+    if _ITYPES.get(u.dtype) and _WTYPES.get(A.dtype):
+        g = _fast_bwd(dout, *_ready(u, delta, A, B, C, D, z, delta_bias), x, out, delta_softplus, deterministic,
+                      separate=True)
     if g is not None:
         return tuple(u.new_empty((0,)) if v is None else v for v in g)
     be = TorchBackend(u)
@@ -163,158 +166,223 @@ def _stream(dev):
     return torch.cuda.current_stream(dev).cuda_stream
 
 
-def _sig(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype)
+def _code(t, want):
+    """t's dtype code when it is `want`'s dtype, else None."""
+    return want if (_ITYPES.get(t.dtype) if want in ("fp16", "bf16") else _WTYPES.get(t.dtype)) == want else None
 
 
-def _specs(named, kinds, it, wt):
-    """Library specs of a signature's tensors, or None when one needs the general path's conversions."""
+# What each tensor of a call is: "io" (B, D, L) in u's dtype, "bc" B/C (variable: u's dtype; constant: A's),
+# "w" A's dtype, "f32" float32.
+_KINDS = {"u": "io", "delta": "io", "z": "io", "dout": "io", "out": "io", "out_z": "io", "du": "io", "ddelta": "io",
+          "dz": "io", "A": "w", "x": "w", "last_state": "w", "dA": "w", "B": "bc", "C": "bc", "dB": "bc", "dC": "bc",
+          "D": "f32", "delta_bias": "f32", "dD": "f32", "ddelta_bias": "f32"}
+
+
+def _fixed(named, it, wt):
+    """The library-ready form of a call's inputs: a tensor of the right dtype with a unit-stride last dimension
+    where the library needs one (u, delta, z, dout, variable B/C). Models hand the scan transposed views (u, z,
+    B, C of MambaMixer) and bf16 D / delta_bias: one copy each, as upstream makes. Returns (tensors, indices
+    made row-contiguous, indices cast to float32), or None where the general path must convert (complex
+    variable B/C given as complex, other dtypes)."""
+    out, rows, casts = [], [], []
+    for i, (name, t) in enumerate(named):
+        if t is not None:
+            kind = _KINDS[name]
+            if kind == "f32" and t.dtype != torch.float32 and t.is_floating_point():
+                t = t.float()
+                casts.append(i)
+            want = it if kind == "io" or (kind == "bc" and t.dim() >= 3) else ("fp32" if kind == "f32" else wt)
+            if _code(t, want) is None:
+                return None
+            if kind in ("io", "bc") and t.dim() >= 3 and t.shape[-1] > 1 and t.stride(-1) != 1:
+                t = t.contiguous()
+                rows.append(i)
+        out.append(t)
+    return out, tuple(rows), tuple(casts)
+
+
+def _make_plan(kind, named, flags, dev):
+    """A call plan from a first call's library-ready tensors ((name, tensor or None) pairs), or None."""
+    it, wt = _ITYPES[named[0][1].dtype], _WTYPES[named[2][1].dtype]  # u's and A's dtypes
     specs = {}
     for name, t in named:
-        if t is None:
-            continue
-        kind = kinds[name]
-        want = it if kind == "io" or (kind == "bc" and t.dim() >= 3) else ("fp32" if kind == "f32" else wt)
-        code = _ITYPES.get(t.dtype) if want in ("fp16", "bf16") else \
-            {torch.float32: "fp32", torch.complex64: "c64"}.get(t.dtype)
-        if code != want:
-            return None
-        if kind in ("io", "bc") and t.dim() >= 3 and t.shape[-1] > 1 and t.stride(-1) != 1:
-            return None
-        specs[name] = (code, tuple(t.shape), tuple(t.stride()))
-    return specs
+        if t is not None:
+            k = _KINDS[name]
+            specs[name] = (it if k == "io" or (k == "bc" and t.dim() >= 3) else ("fp32" if k == "f32" else wt),
+                           tuple(t.shape), tuple(t.stride()))
+    ptrs = [t.data_ptr() for _, t in named if t is not None]
+    try:
+        plan = _plan.Plan(kind, specs, ptrs, flags, _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU, max(dev, 0), 0)
+    except SelscanError:
+        return None  # the general path raises the same error in the caller's terms
+    plan.info = plan.caller([i for i, (_, t) in enumerate(named) if t is not None], "{}.data_ptr()")
+    return plan
 
 
-_FWD_KINDS = {"u": "io", "delta": "io", "z": "io", "A": "w", "B": "bc", "C": "bc", "D": "f32", "delta_bias": "f32",
-              "out": "io", "out_z": "io", "x": "w", "last_state": "w"}
-_BWD_KINDS = dict(_FWD_KINDS, dout="io", du="io", ddelta="io", dz="io", dA="w", dB="bc", dC="bc", dD="f32",
-                  ddelta_bias="f32")
+class _FwdPlan:
+    __slots__ = ("plan", "call", "rows", "casts", "shapes")
 
 
-def _new(u, shape, dtype):
-    t = u.new_empty(shape, dtype=dtype)
-    if _backends.POISON:
-        t.fill_(float("nan"))
-    return t
+def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
+    return (flags, u.shape, u.stride(), u.dtype, delta.shape, delta.stride(), delta.dtype, A.shape, A.stride(),
+            A.dtype, B.shape, B.stride(), B.dtype, C.shape, C.stride(), C.dtype,
+            None if D is None else (D.shape, D.stride(), D.dtype), None if z is None else (z.shape, z.stride(), z.dtype),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype))
 
 
 def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last):
-    """(out, out_z or None, x or None, last_state or None), or None when the general path must run."""
+    """((u, delta, A, B, C, D, z, bias) as the library read them, (out, out_z, x, last_state) with None for
+    absent ones), or None when the general path must run. The first call of a signature makes its plan."""
     if not _plan.ENABLED or delta is None or A is None or B is None or C is None:
         return None
     dev = u.get_device()
-    key = (dev, softplus, want_x, want_last, _sig(u), _sig(delta), _sig(A), _sig(B), _sig(C), _sig(D), _sig(z),
-           _sig(bias))
+    key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, want_x, want_last))
     plans = _plan.cache("torch_fwd")
-    plan = plans.get(key, False)
+    fp = plans.get(key, False)
+    if fp is None:
+        return None
+    if fp is False:
+        plans[key] = fp = _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev)
+        if fp is None:
+            return None
+    ins = [u, delta, A, B, C, D, z, bias]
+    for i in fp.rows:
+        ins[i] = ins[i].contiguous()
+    for i in fp.casts:
+        ins[i] = ins[i].float()
+    outs = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in fp.shapes]
+    if _backends.POISON:
+        for t in outs:
+            if t is not None:
+                t.fill_(float("nan"))
+    ts = ins + outs
+    if fp.plan.ws_bytes:
+        ws = u.new_empty(fp.plan.ws_bytes, dtype=torch.uint8)
+        fp.call(ts, _stream(dev), ws.data_ptr())
+    else:
+        fp.call(ts, _stream(dev), 0)
+    return ins, outs
+
+
+def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev):
+    it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
+    if it is None or wt is None or u.device.type not in ("cpu", "cuda"):
+        return None
+    fixed = _fixed(tuple(zip(_lib.FWD_INPUTS, (u, delta, A, B, C, D, z, bias))), it, wt)
+    if fixed is None:
+        return None
+    ins, rows, casts = fixed
+    bt, dm, L = u.shape
+    n = A.shape[-1]
+    shapes = ((tuple(u.shape), u.dtype), (tuple(u.shape), u.dtype) if z is not None else None,
+              ((bt, dm, (L + _lib.CHUNK - 1) // _lib.CHUNK, 2 * n), A.dtype) if want_x else None,
+              ((bt, dm, n), A.dtype) if want_last else None)
+    outs = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in shapes]
+    named = tuple(zip(_lib.FWD_INPUTS[:8], ins)) + tuple(zip(_lib.FWD_OUTPUTS, outs))
+    plan = _make_plan("fwd", named, {"delta_softplus": softplus}, dev)
     if plan is None:
         return None
-    if plan is False:
-        it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
-        if it is None or wt is None or u.device.type not in ("cpu", "cuda"):
-            plans[key] = None
-            return None
-        bt, dm, L = u.shape
-        n = A.shape[-1]
-        shapes = ((tuple(u.shape), u.dtype), (tuple(u.shape), u.dtype) if z is not None else None,
-                  ((bt, dm, (L + _lib.CHUNK - 1) // _lib.CHUNK, 2 * n), A.dtype) if want_x else None,
-                  ((bt, dm, n), A.dtype) if want_last else None)
-    else:
-        shapes = plan.info
-    outs = [None if s is None else _new(u, *s) for s in shapes]
-    ins = (u, delta, A, B, C, D, z, bias)
-    if plan is False:
-        named = tuple(zip(_lib.FWD_INPUTS, ins)) + tuple(zip(_lib.FWD_OUTPUTS, outs))
-        specs = _specs(named, _FWD_KINDS, it, wt)
-        plan = None
-        if specs is not None:
-            try:
-                plan = _plan.Plan("fwd", specs, [t.data_ptr() for _, t in named if t is not None],
-                                  {"delta_softplus": softplus}, _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU,
-                                  max(dev, 0), 0)
-                plan.info = shapes
-            except SelscanError:
-                plan = None  # the general path raises the same error in the caller's terms
-        plans[key] = plan
-        if plan is None:
-            return None
-    ptrs = [t.data_ptr() for t in ins if t is not None]
-    ptrs += [t.data_ptr() for t in outs if t is not None]
-    if plan.ws_bytes:
-        ws = u.new_empty(plan.ws_bytes, dtype=torch.uint8)
-        plan.run(ptrs, _stream(dev), ws.data_ptr())
-    else:
-        plan.run(ptrs, _stream(dev))
-    return outs
+    fp = _FwdPlan()
+    fp.plan, fp.call, fp.rows, fp.casts, fp.shapes = plan, plan.info, rows, casts, shapes
+    return fp
 
 
-def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic):
-    """The eight gradients (None where the input is absent), or None when the general path must run."""
+class _BwdPlan:
+    __slots__ = ("plan", "call", "dout_rows", "io_shape", "io_n", "w_sizes", "w_shapes", "bc", "shapes")
+
+
+_GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
+
+
+def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, separate=False):
+    """The eight gradients (None where the input is absent), or None when the general path must run. The
+    inputs are what _fast_fwd returned (library-ready); x is read only when seqlen > 2048, out only with z.
+    Gradients share three allocations unless `separate` (custom-op outputs may not share storage)."""
     if not _plan.ENABLED:
         return None
-    if dout.dim() >= 1 and dout.shape[-1] > 1 and dout.stride(-1) != 1:
-        dout = dout.contiguous()
     dev = u.get_device()
-    key = (dev, softplus, deterministic, _sig(dout), _sig(u), _sig(delta), _sig(A), _sig(B), _sig(C), _sig(D),
-           _sig(z), _sig(bias), _sig(x), _sig(out))
+    if x is not None and u.shape[-1] <= _lib.CHUNK:
+        x = None
+    if z is None:
+        out = None
+    key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, deterministic, dout.shape, dout.stride(),
+                                                   dout.dtype, x is None, out is None))
     plans = _plan.cache("torch_bwd")
-    plan = plans.get(key, False)
-    if plan is None:
+    bp = plans.get(key, False)
+    if bp is None:
         return None
-    if plan is False:
-        it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
-        if it is None or wt is None or u.device.type not in ("cpu", "cuda"):
-            plans[key] = None
+    if bp is False:
+        plans[key] = bp = _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev)
+        if bp is None:
             return None
-
-        def like(t, dtype):
-            return None if t is None else (tuple(t.shape), dtype)
-
-        bc = {True: u.dtype, False: A.dtype}
-        shapes = (like(u, u.dtype), like(u, u.dtype), like(A, A.dtype), like(B, bc[B.dim() >= 3]),
-                  like(C, bc[C.dim() >= 3]), like(D, torch.float32), like(z, u.dtype), like(bias, torch.float32))
+    if bp.dout_rows:
+        dout = dout.contiguous()
+    if separate:
+        grads = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in bp.shapes]
     else:
-        shapes = plan.info
-    grads = [None if s is None else _new(u, *s) for s in shapes]
-    saved_x = x if x is not None and x.numel() > 0 and (u.shape[-1] > _lib.CHUNK) else None
-    saved_out = out if z is not None else None
-    ins = (u, delta, A, B, C, D, z, bias, None, dout, saved_x, saved_out)
-    if plan is False:
-        named = tuple(zip(_lib.BWD_INPUTS + _lib.BWD_SAVED, ins)) + tuple(
-            zip(("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), grads))
-        specs = _specs(named, _BWD_KINDS, it, wt)
-        plan = None
-        if specs is not None:
-            try:
-                plan = _plan.Plan("bwd", specs, [t.data_ptr() for _, t in named if t is not None],
-                                  {"delta_softplus": softplus, "deterministic": deterministic},
-                                  _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU, max(dev, 0), 0)
-                plan.info = shapes
-            except SelscanError:
-                plan = None
-        plans[key] = plan
-        if plan is None:
-            return None
-    ptrs = [t.data_ptr() for t in ins if t is not None]
-    ptrs += [t.data_ptr() for t in grads if t is not None]
-    if plan.ws_bytes:
-        ws = u.new_empty(plan.ws_bytes, dtype=torch.uint8)
-        plan.run(ptrs, _stream(dev), ws.data_ptr())
+        # Three allocations instead of eight: the (B, D, L) gradients, the float32 weights', variable dB/dC.
+        io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
+        w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
+        dA = w[:bp.w_sizes[0]].view(A.dtype).view(bp.w_shapes[0])
+        dD = w[bp.w_sizes[0]:bp.w_sizes[1]] if D is not None else None
+        dbias = w[bp.w_sizes[1]:bp.w_sizes[2]] if bias is not None else None
+        dB, dC = bp.bc(u, w, bp)
+        grads = [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
+    if _backends.POISON:
+        for t in grads:
+            if t is not None:
+                t.fill_(float("nan"))
+    ts = [u, delta, A, B, C, D, z, bias, dout, x, out] + grads
+    if bp.plan.ws_bytes:
+        ws = u.new_empty(bp.plan.ws_bytes, dtype=torch.uint8)
+        bp.call(ts, _stream(dev), ws.data_ptr())
     else:
-        plan.run(ptrs, _stream(dev))
+        bp.call(ts, _stream(dev), 0)
     return grads
 
 
-def _as_f32(t):
-    return t if t is None or t.dtype is torch.float32 else t.float()
+def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev):
+    it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
+    if it is None or wt is None or u.device.type not in ("cpu", "cuda") or dout.shape != u.shape:
+        return None
+    fixed = _fixed((("dout", dout),), it, wt)
+    if fixed is None:
+        return None
+    (dout,), dout_rows, _ = fixed
+    bp = _BwdPlan()
+    bp.dout_rows = bool(dout_rows)
+    bp.io_shape, bp.io_n = tuple(u.shape), 3 if z is not None else 2
+    dn = A.numel() * (2 if A.is_complex() else 1)
+    dm = u.shape[1]
+    bp.w_sizes = (dn, dn + (dm if D is not None else 0), dn + (dm if D is not None else 0) + (
+        dm if bias is not None else 0))
+    bp.w_shapes = (tuple(A.shape),)
+    var_b, var_c = B.dim() >= 3, C.dim() >= 3
+    if var_b and var_c and B.shape == C.shape:
+        def bc(u, w, bp):
+            return u.new_empty((2,) + tuple(B.shape)).unbind(0)
+    else:
+        shapes = [(tuple(t.shape), u.dtype if t.dim() >= 3 else A.dtype) for t in (B, C)]
 
-
-def _rows(t):
-    """t with a unit-stride last dimension, as the library takes (B, L)-indexed tensors: models hand the scan
-    transposed views (u, z, B, C of MambaMixer are), which need one copy, as upstream makes."""
-    if t is None or t.dim() < 3 or t.shape[-1] == 1 or t.stride(-1) == 1:
-        return t
-    return t.contiguous()
+        def bc(u, w, bp):
+            return tuple(u.new_empty(s, dtype=d) for s, d in shapes)
+    bp.bc = bc
+    bp.shapes = [None if t is None else (tuple(t.shape), d) for t, d in (
+        (u, u.dtype), (u, u.dtype), (A, A.dtype), (B, u.dtype if var_b else A.dtype), (C, u.dtype if var_c else A.dtype),
+        (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
+    io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
+    w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
+    dA = w[:dn].view(A.dtype).view(A.shape)
+    dB, dC = bc(u, w, bp)
+    grads = [io[0], io[1], dA, dB, dC, w[dn:bp.w_sizes[1]] if D is not None else None,
+             io[2] if z is not None else None, w[bp.w_sizes[1]:] if bias is not None else None]
+    named = (tuple(zip(_lib.BWD_INPUTS[:8], (u, delta, A, B, C, D, z, bias))) + (("dout", dout), ("x", x), ("out", out))
+             + tuple(zip(_GRADS, grads)))
+    plan = _make_plan("bwd", named, {"delta_softplus": softplus, "deterministic": deterministic}, dev)
+    if plan is None:
+        return None
+    bp.plan, bp.call = plan, plan.info
+    return bp
 
 
 class _ScanFn(torch.autograd.Function):
@@ -322,18 +390,17 @@ class _ScanFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
-        # D and delta_bias are float32 in the library; models kept in bf16 hand them in bf16 (cast back below).
-        D32, bias32 = _as_f32(D), _as_f32(delta_bias)
-        u, delta, B, C, z = _rows(u), _rows(delta), _rows(B), _rows(C), _rows(z)
-        want_x = u.shape[-1] > _lib.CHUNK
-        r = _fast_fwd(u, delta, A, B, C, D32, z, bias32, delta_softplus, want_x, return_last_state)
+        r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK,
+                      return_last_state)
         if r is None:
-            out, out_z, x, last = _fwd_impl(u, delta, A, B, C, D32, z, bias32, delta_softplus)
+            ins = _ready(u, delta, A, B, C, D, z, delta_bias)
+            out, out_z, x, last = _fwd_impl(*ins, delta_softplus)
         else:
-            out, out_z, x, last = r
-        ctx.save_for_backward(u, delta, A, B, C, D32, z, bias32, x, out if z is not None else None)
+            ins, (out, out_z, x, last) = r
+        ctx.save_for_backward(*ins, x, out if z is not None else None)
         ctx.delta_softplus = delta_softplus
-        ctx.in_dtypes = (D.dtype if D is not None else None, delta_bias.dtype if delta_bias is not None else None)
+        # D and delta_bias are float32 in the library; models kept in bf16 hand them in bf16 (cast back below).
+        ctx.in_dtypes = (None if D is None else D.dtype, None if delta_bias is None else delta_bias.dtype)
         y = out_z if z is not None else out
         if return_last_state:
             ctx.mark_non_differentiable(last)
@@ -356,6 +423,19 @@ class _ScanFn(torch.autograd.Function):
         if dbias is not None and dbias.dtype != b_dt:
             dbias = dbias.to(b_dt)
         return du, ddelta, _match(dA, A), _match(dB, B), _match(dC, C), dD, dz, dbias, None, None
+
+
+def _as_f32(t):
+    return t if t is None or t.dtype is torch.float32 else t.float()
+
+
+def _rows(t):
+    return t if t is None or t.dim() < 3 or t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _ready(u, delta, A, B, C, D, z, delta_bias):
+    """The inputs as the library reads them (see _fixed), for the general path."""
+    return [_rows(u), _rows(delta), A, _rows(B), _rows(C), _as_f32(D), _rows(z), _as_f32(delta_bias)]
 
 
 def _match(g, t):
@@ -403,11 +483,10 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
                                        for t in (u, delta, A, B, C, D, z, delta_bias)):
         return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
     # No gradient wanted: no autograd node, no chunk states.
-    r = _fast_fwd(_rows(u), _rows(delta), A, _rows(B), _rows(C), _as_f32(D), _rows(z), _as_f32(delta_bias), softplus,
-                  False, want_last)
+    r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, softplus, False, want_last)
     if r is None:
         out, out_z, _, last_state = selective_scan_fwd_op(u, delta, A, B, C, D, z, delta_bias, softplus)
     else:
-        out, out_z, _, last_state = r
+        out, out_z, _, last_state = r[1]
     y = out_z if z is not None else out
     return (y, last_state) if want_last else y
