@@ -19,6 +19,7 @@ transformers >= 5 through its module-level mamba_selective_scan, older releases 
 import argparse
 import contextlib
 import copy
+import statistics
 import sys
 import time
 import types
@@ -157,24 +158,42 @@ def bench(args, device):
         scans["upstream"] = up
     print(f"MambaForCausalLM mamba-130m shape: {n} layers, bf16 on {device}; transformers {transformers.__version__}; "
           f"{selscan_info()}; upstream {'timed' if up else 'not importable'}")
-    # Correctness at the small shape against the model's own slow path.
+    # Correctness at the small shape against the model's own slow path, in fp32 (the slow path keeps its state
+    # in the input dtype, so bf16 runs of it drift from any fp32-state kernel); then selscan against upstream in
+    # bf16 where upstream is importable.
     ids = torch.randint(0, 50280, (1, 256), device=device)
-    o_ref, o_our = fwd_bwd(slow, ids), fwd_bwd(model, ids)
+    ref32, our32 = copy.deepcopy(slow).float(), copy.deepcopy(model).float()
+    patch(ref32, False)
+    patch(our32, True)
+    o_ref, o_our = fwd_bwd(ref32, ids), fwd_bwd(our32, ids)
     loss_err = abs(o_our.loss.item() - o_ref.loss.item()) / abs(o_ref.loss.item())
-    logit_err = ((o_our.logits.float() - o_ref.logits.float()).abs().max()
-                 / o_ref.logits.float().abs().max()).item()
-    ok = loss_err <= 5e-2 and logit_err <= 5e-2
-    print(f"1x256 vs slow path: loss rel diff {loss_err:.2e}, logits max |diff|/max|ref| {logit_err:.2e}: "
-          f"{'PASS' if ok else 'FAIL'}")
-    rows = []
-    for bt, L, iters in ((8, 2048, 5), (1, 256, 20)):
-        ids = torch.randint(0, 50280, (bt, L), device=device)
-        for name, fn in scans.items():
-            SCAN_FN[0] = fn
-            rows.append((f"{bt}x{L}", name, tokens_per_s(model, ids, iters, device),
-                         prefill_tokens_per_s(model, ids, iters, device)))
-            print(f"{bt}x{L} {name:>9}: train {rows[-1][2]:>10,.0f} tokens/s, prefill {rows[-1][3]:>10,.0f} tokens/s")
+    logit_err = ((o_our.logits - o_ref.logits).abs().max() / o_ref.logits.abs().max()).item()
+    ok = loss_err <= 1e-3 and logit_err <= 1e-3
+    print(f"fp32 1x256 vs the slow path: loss rel diff {loss_err:.2e}, logits max |diff| / max |ref| {logit_err:.2e}: "
+          f"{'PASS' if ok else 'FAIL'} (tolerance 1e-3)")
+    del ref32, our32, o_ref, o_our
+    if up is not None:
+        SCAN_FN[0] = up
+        o_up = fwd_bwd(model, ids)
         SCAN_FN[0] = selective_scan_fn
+        o_our = fwd_bwd(model, ids)
+        err = ((o_our.logits.float() - o_up.logits.float()).abs().max() / o_up.logits.float().abs().max()).item()
+        print(f"bf16 1x256 vs upstream's scan: loss {o_our.loss.item():.5f} vs {o_up.loss.item():.5f}, "
+              f"logits max |diff| / max |ref| {err:.2e}")
+    rows = []
+    for bt, L, iters, rounds in ((8, 2048, 8, 2), (1, 256, 40, 3)):
+        ids = torch.randint(0, 50280, (bt, L), device=device)
+        got = {name: ([], []) for name in scans}
+        for _ in range(rounds):  # alternate the implementations: slow drifts of clocks hit both alike
+            for name, fn in scans.items():
+                SCAN_FN[0] = fn
+                got[name][0].append(tokens_per_s(model, ids, iters, device))
+                got[name][1].append(prefill_tokens_per_s(model, ids, iters, device))
+        SCAN_FN[0] = selective_scan_fn
+        for name, (train, prefill) in got.items():
+            rows.append((f"{bt}x{L}", name, statistics.median(train), statistics.median(prefill)))
+            print(f"{bt}x{L} {name:>9}: train {rows[-1][2]:>10,.0f} tokens/s, prefill {rows[-1][3]:>10,.0f} tokens/s"
+                  f" (median of {rounds} rounds of {iters} steps)")
         if bt == 1:
             rows.append((f"{bt}x{L}", "slow path", tokens_per_s(slow, ids, 3, device),
                          prefill_tokens_per_s(slow, ids, 3, device)))
