@@ -31,9 +31,10 @@ selscan_status_t workspace_query(selscan::Op op, const Args* args, const selscan
   return guarded([&] {
     if (bytes != nullptr) *bytes = 0;
     selscan::Problem p{};
+    selscan_exec_t ex{};
     if (auto s = make(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
-    if (auto s = selscan::check_exec(exec); s != SELSCAN_STATUS_SUCCESS) return s;
-    return selscan::workspace_size(op, p, *exec, bytes);
+    if (auto s = selscan::check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
+    return selscan::workspace_size(op, p, ex, bytes);
   });
 }
 
@@ -41,9 +42,10 @@ template <typename Args, typename Make>
 selscan_status_t execute(selscan::Op op, const Args* args, const selscan_exec_t* exec, Make make) {
   return guarded([&] {
     selscan::Problem p{};
+    selscan_exec_t ex{};
     if (auto s = make(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
-    if (auto s = selscan::check_exec(exec); s != SELSCAN_STATUS_SUCCESS) return s;
-    return selscan::run(op, p, *exec);
+    if (auto s = selscan::check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
+    return selscan::run(op, p, ex);
   });
 }
 
@@ -71,6 +73,7 @@ SELSCAN_API const char* selscan_status_string(selscan_status_t status) {
     case SELSCAN_STATUS_CUDA_ERROR: return "CUDA error";
     case SELSCAN_STATUS_OUT_OF_MEMORY: return "out of memory";
     case SELSCAN_STATUS_INTERNAL: return "internal error";
+    case SELSCAN_STATUS_COUNT: break;
   }
   return "unknown status";
 }

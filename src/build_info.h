@@ -1,6 +1,8 @@
 // What this build carries, from the generated configuration header (CMake writes it; see cmake/), with
-// fallbacks so a file compiled outside the build still has definitions.
+// fallbacks so a file compiled outside the build still has definitions. The version comes from the public header.
 #pragma once
+
+#include "selscan/selscan.h"  // SELSCAN_VERSION_STRING
 
 #if defined(__has_include)
 #  if __has_include("selscan_build_config.h")
@@ -8,9 +10,6 @@
 #  endif
 #endif
 
-#ifndef SELSCAN_VERSION_STRING
-#  define SELSCAN_VERSION_STRING "0.1.0"
-#endif
 #ifndef SELSCAN_CUDA_VERSION
 #  define SELSCAN_CUDA_VERSION "none"
 #endif

@@ -2,20 +2,57 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace selscan {
 namespace {
 
+// ------------------------------------------------------------------------------------------ struct versions
+// sizeof of each argument struct in ABI 0.1.0, the first version: the smallest struct_size accepted. A caller
+// built against 0.1 passes these sizes; the fields a later version appended are absent (zero) for it. Each
+// constant is the end of the struct's last 0.1 field, pinned to its value on 64-bit targets, so a field
+// inserted anywhere but at the end fails to compile here.
+constexpr size_t kExecSizeV0_1 = offsetof(selscan_exec_t, reserved) + sizeof(int32_t);
+constexpr size_t kFwdArgsSizeV0_1 = offsetof(selscan_fwd_args_t, last_state) + sizeof(selscan_tensor_t);
+constexpr size_t kBwdArgsSizeV0_1 = offsetof(selscan_bwd_args_t, out_z) + sizeof(selscan_tensor_t);
+static_assert(sizeof(void*) != 8 || (kExecSizeV0_1 == 48 && kFwdArgsSizeV0_1 == 1056 && kBwdArgsSizeV0_1 == 1776),
+              "a 0.1 field moved: versions may only append fields at the end of a struct");
+// Fields appended since 0.1 start exactly where the 0.1 struct ended, and no struct has tail padding (a later
+// version's field would otherwise land in bytes an older caller's struct_size covers but never set).
+static_assert(offsetof(selscan_bwd_args_t, flags) == kBwdArgsSizeV0_1, "bwd 0.2 fields follow the 0.1 struct");
+static_assert(sizeof(selscan_exec_t) == kExecSizeV0_1, "exec: no padding after the last field");
+static_assert(sizeof(selscan_fwd_args_t) == kFwdArgsSizeV0_1, "fwd args: no padding after the last field");
+static_assert(sizeof(selscan_bwd_args_t) == offsetof(selscan_bwd_args_t, reserved) + sizeof(int32_t),
+              "bwd args: no padding after the last field");
+// A struct_size above this is garbage rather than a newer version (today's structs are under 2 KiB); it is
+// rejected before any byte past this library's struct is read.
+constexpr size_t kMaxStructSize = size_t{64} << 10;
+
+// Workspace pointers must be aligned to this (cudaMalloc gives 256; the kernels' vector stores need less).
+constexpr uintptr_t kWorkspaceAlignment = SELSCAN_WORKSPACE_ALIGNMENT;
+static_assert((kWorkspaceAlignment & (kWorkspaceAlignment - 1)) == 0, "a power of two");
+
+// At most this many tensors in one call (the backward's 22).
+constexpr int kMaxTensors = 24;
+
+// ------------------------------------------------------------------------------------------ messages
 const char* dtype_name(int32_t d) {
   switch (d) {
     case SELSCAN_DTYPE_FLOAT32: return "float32";
     case SELSCAN_DTYPE_FLOAT16: return "float16";
     case SELSCAN_DTYPE_BFLOAT16: return "bfloat16";
     case SELSCAN_DTYPE_COMPLEX64: return "complex64";
-    default: return "unknown dtype";
+    default: return nullptr;
   }
+}
+
+// "float16", or "dtype code 7" for a value outside selscan_dtype_t.
+std::string dtype_str(int32_t d) {
+  const char* n = dtype_name(d);
+  return n ? std::string(n) : fmt::format("dtype code {}", d);
 }
 
 int64_t dtype_bytes(int32_t d) {
@@ -32,6 +69,20 @@ std::string shape_str(const int64_t* s, int n) {
   for (int i = 0; i < n; ++i) r += fmt::format(i ? ", {}" : "{}", s[i]);
   return r + (n == 1 ? ",)" : ")");
 }
+
+// The shape a caller gave: "(2, 4, 9)", or "ndim=7" when ndim itself is out of range.
+std::string given_shape(const selscan_tensor_t& t) {
+  return t.ndim >= 0 && t.ndim <= SELSCAN_MAX_NDIM ? shape_str(t.sizes, t.ndim) : fmt::format("ndim={}", t.ndim);
+}
+
+std::string byte_range(uintptr_t lo, uintptr_t hi) { return fmt::format("[{:#x}, {:#x})", lo, hi); }
+
+// The bytes a validated tensor spans, [lo, hi), for the aliasing check.
+struct Extent {
+  const char* name;
+  uintptr_t lo, hi;
+  bool output;
+};
 
 // Validation of one tensor against an expected dtype and shape; every message names the argument.
 class Checker {
@@ -63,7 +114,7 @@ class Checker {
     if (!ok()) return;
     if (t.dtype != want)
       failf(SELSCAN_STATUS_DTYPE_MISMATCH,
-            fmt::format("{}: expected dtype {} ({}), got {}", name, dtype_name(want), what, dtype_name(t.dtype)));
+            fmt::format("{}: expected dtype {} ({}), got {}", name, dtype_str(want), what, dtype_str(t.dtype)));
   }
 
   void shape(const selscan_tensor_t& t, const char* name, std::initializer_list<int64_t> want, const char* what) {
@@ -71,23 +122,23 @@ class Checker {
     const int n = static_cast<int>(want.size());
     bool same = t.ndim == n;
     for (int i = 0; same && i < n; ++i) same = t.sizes[i] == want.begin()[i];
-    if (!same) {
-      std::string got = (t.ndim >= 0 && t.ndim <= SELSCAN_MAX_NDIM) ? shape_str(t.sizes, t.ndim)
-                                                                     : fmt::format("ndim={}", t.ndim);
-      failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-            fmt::format("{}: expected shape {} {}, got {}", name, shape_str(want.begin(), n), what, got));
-    }
+    if (!same)
+      failf(SELSCAN_STATUS_SHAPE_MISMATCH, fmt::format("{}: expected shape {} {}, got {}", name,
+                                                       shape_str(want.begin(), n), what, given_shape(t)));
   }
 
-  // Strides >= 0, element-aligned data pointer, addressable span fits in int64; `unit_last` requires stride 1
-  // on the last dim (unless its size is 1); `output` forbids stride 0 on dims of size > 1 (overlapping writes).
+  // Strides >= 0, element-aligned data pointer, the byte span fits in int64 and does not wrap the address space;
+  // `unit_last` requires stride 1 on the last dim (unless its size is 1); `output` requires that no two elements
+  // share memory. Records the tensor's byte range for aliases(). Needs a validated ndim and sizes >= 1.
   void layout(const selscan_tensor_t& t, const char* name, bool unit_last, bool output) {
     if (!ok()) return;
     const int n = t.ndim;
     const int64_t esize = dtype_bytes(t.dtype);
-    if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(esize == 8 ? 4 : esize) != 0) {
-      failf(SELSCAN_STATUS_BAD_LAYOUT, fmt::format("{}: data pointer {} is not aligned to its {}-byte elements",
-                                                   name, t.data, esize == 8 ? 4 : esize));
+    const int64_t align = esize == 8 ? 4 : esize;  // complex64 is two floats
+    const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+    if (base % static_cast<uintptr_t>(align) != 0) {
+      failf(SELSCAN_STATUS_BAD_LAYOUT,
+            fmt::format("{}: data pointer {} is not aligned to its {}-byte elements", name, t.data, align));
       return;
     }
     int64_t span = 0;  // largest element offset
@@ -105,16 +156,95 @@ class Checker {
       }
       const int64_t extent = t.sizes[i] - 1;
       if (t.strides[i] != 0 && extent > (INT64_MAX - span) / t.strides[i]) {
-        failf(SELSCAN_STATUS_UNSUPPORTED, fmt::format("{}: its extent overflows 64-bit element offsets", name));
+        failf(SELSCAN_STATUS_UNSUPPORTED, fmt::format("{}: sizes {} with strides {} overflow 64-bit element offsets",
+                                                      name, shape_str(t.sizes, n), shape_str(t.strides, n)));
         return;
       }
       span += extent * t.strides[i];
     }
-    if (unit_last && n > 0 && t.sizes[n - 1] > 1 && t.strides[n - 1] != 1)
+    // The kernels form byte addresses data + offset * esize: the byte span must fit as well, and not wrap.
+    if (span > INT64_MAX / esize - 1) {
+      failf(SELSCAN_STATUS_UNSUPPORTED,
+            fmt::format("{}: sizes {} with strides {} span {} elements of {} bytes, beyond 64-bit byte offsets",
+                        name, shape_str(t.sizes, n), shape_str(t.strides, n), span + 1, esize));
+      return;
+    }
+    const uintptr_t bytes = static_cast<uintptr_t>((span + 1) * esize);
+    if (bytes > UINTPTR_MAX - base) {
+      failf(SELSCAN_STATUS_UNSUPPORTED, fmt::format("{}: data pointer {} plus its {} bytes wraps the address space",
+                                                    name, t.data, bytes));
+      return;
+    }
+    if (unit_last && n > 0 && t.sizes[n - 1] > 1 && t.strides[n - 1] != 1) {
       failf(SELSCAN_STATUS_BAD_LAYOUT,
             fmt::format("{}: the last dimension must be contiguous (stride 1), got stride {}", name,
                         t.strides[n - 1]));
+      return;
+    }
+    if (output) no_self_overlap(t, name);
+    if (!ok()) return;
+    if (count_ == kMaxTensors) {
+      failf(SELSCAN_STATUS_INTERNAL, fmt::format("{}: more than {} tensors in one call", name, kMaxTensors));
+      return;
+    }
+    extents_[count_++] = Extent{name, base, base + bytes, output};
   }
+
+  // No output may share a byte with another tensor of the call (input or output): the kernels read inputs
+  // after writing outputs and write outputs in an order that differs between the CPU and CUDA paths, so an
+  // alias gives results that depend on the path (out over z loses z before out_z reads it; out_z over out
+  // loses the pre-gate output). Checked on byte ranges, which also rejects interleaved views whose elements
+  // happen to be disjoint: conservative, and O(tensors^2) with at most 22 tensors.
+  void aliases() {
+    if (!ok()) return;
+    for (int i = 0; i < count_; ++i)
+      for (int j = i + 1; j < count_; ++j) {
+        const Extent& a = extents_[i];
+        const Extent& b = extents_[j];
+        if (!(a.output || b.output) || a.hi <= b.lo || b.hi <= a.lo) continue;
+        const Extent& o = b.output ? b : a;  // name the later output first
+        const Extent& other = b.output ? a : b;
+        failf(SELSCAN_STATUS_BAD_LAYOUT,
+              fmt::format("{}: output bytes {} overlap {}'s bytes {}; an output must not share memory with any "
+                          "other tensor of the call (no in-place use is supported, see docs/abi.md)",
+                          o.name, byte_range(o.lo, o.hi), other.name, byte_range(other.lo, other.hi)));
+        return;
+      }
+  }
+
+ private:
+  // Two elements of an output must not share an address, else the result depends on which write lands last.
+  // A sufficient rule: take the dims of size > 1 in increasing stride order; each stride must exceed the largest
+  // offset reachable through the dims before it (the sum of (size - 1) * stride over them). Then, by induction,
+  // the inner dims reach offsets in [0, reach] only, each index of the next dim starts a block of its own, and
+  // distinct index tuples never meet. Every dense or padded layout in any dim order passes; only exotic
+  // non-overlapping layouts (dims whose strides interleave) are turned away.
+  void no_self_overlap(const selscan_tensor_t& t, const char* name) {
+    int order[SELSCAN_MAX_NDIM];
+    int m = 0;
+    for (int i = 0; i < t.ndim; ++i)
+      if (t.sizes[i] > 1) {
+        int k = m++;
+        for (; k > 0 && t.strides[order[k - 1]] > t.strides[i]; --k) order[k] = order[k - 1];
+        order[k] = i;
+      }
+    int64_t reach = 0;  // largest offset of the dims so far; no overflow: layout() bounded the whole span
+    for (int k = 0; k < m; ++k) {
+      const int d = order[k];
+      if (t.strides[d] <= reach) {
+        failf(SELSCAN_STATUS_BAD_LAYOUT,
+              fmt::format("{}: output elements would overlap: dim {} (size {}) has stride {}, but the dims with "
+                          "smaller strides already reach offset {} (sizes {}, strides {})",
+                          name, d, t.sizes[d], t.strides[d], reach, shape_str(t.sizes, t.ndim),
+                          shape_str(t.strides, t.ndim)));
+        return;
+      }
+      reach += (t.sizes[d] - 1) * t.strides[d];
+    }
+  }
+
+  Extent extents_[kMaxTensors];
+  int count_ = 0;
 };
 
 View view_of(const selscan_tensor_t& t) {
@@ -140,11 +270,13 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
   if (!c.presence(u, "u", true, true, "")) return;
   if (u.dtype != SELSCAN_DTYPE_FLOAT32 && u.dtype != SELSCAN_DTYPE_FLOAT16 && u.dtype != SELSCAN_DTYPE_BFLOAT16) {
     c.failf(SELSCAN_STATUS_DTYPE_MISMATCH,
-            fmt::format("u: expected dtype float32, float16 or bfloat16, got {}", dtype_name(u.dtype)));
+            fmt::format("u: expected dtype float32, float16 or bfloat16, got {}", dtype_str(u.dtype)));
     return;
   }
   if (u.ndim != 3) {
-    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH, fmt::format("u: expected 3 dims (batch, dim, seqlen), got ndim={}", u.ndim));
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+            fmt::format("u: expected 3 dims (batch, dim, seqlen), got ndim={}{}", u.ndim,
+                        u.ndim >= 0 && u.ndim <= SELSCAN_MAX_NDIM ? ", shape " + given_shape(u) : std::string()));
     return;
   }
   for (int i = 0; i < 3; ++i)
@@ -166,13 +298,12 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
   if (!c.presence(A, "A", true, true, "")) return;
   if (A.dtype != SELSCAN_DTYPE_FLOAT32 && A.dtype != SELSCAN_DTYPE_COMPLEX64) {
     c.failf(SELSCAN_STATUS_DTYPE_MISMATCH,
-            fmt::format("A: expected dtype float32 or complex64, got {}", dtype_name(A.dtype)));
+            fmt::format("A: expected dtype float32 or complex64, got {}", dtype_str(A.dtype)));
     return;
   }
   if (A.ndim != 2 || A.sizes[0] != D) {
     c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-            fmt::format("A: expected shape ({}, dstate) (dim of u), got {}", D,
-                        A.ndim >= 0 && A.ndim <= 4 ? shape_str(A.sizes, A.ndim) : fmt::format("ndim={}", A.ndim)));
+            fmt::format("A: expected shape ({}, dstate) (dim of u), got {}", D, given_shape(A)));
     return;
   }
   const int64_t N = A.sizes[1];
@@ -312,55 +443,84 @@ void check_like(Checker& c, const selscan_tensor_t& g, const char* name, const s
   c.dtype(g, name, like.dtype, "the dtype of its input");
   if (!c.ok()) return;
   if (g.ndim != like.ndim) {
-    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-            fmt::format("{}: expected shape {} like its input, got ndim={}", name, shape_str(like.sizes, like.ndim),
-                        g.ndim));
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH, fmt::format("{}: expected shape {} like its input, got {}", name,
+                                                       shape_str(like.sizes, like.ndim), given_shape(g)));
     return;
   }
   for (int i = 0; i < like.ndim; ++i)
     if (g.sizes[i] != like.sizes[i]) {
       c.failf(SELSCAN_STATUS_SHAPE_MISMATCH, fmt::format("{}: expected shape {} like its input, got {}", name,
-                                                         shape_str(like.sizes, like.ndim),
-                                                         shape_str(g.sizes, g.ndim)));
+                                                         shape_str(like.sizes, like.ndim), given_shape(g)));
       return;
     }
   c.layout(g, name, like.ndim >= 3, true);
 }
 
-template <typename Args>
-bool check_struct(Checker& c, const Args* a, const char* name) {
+// The caller's struct as this library reads it. struct_size below the first version's size or above
+// kMaxStructSize is rejected. A smaller (older) struct is copied into `local`, zero-filled past struct_size, so
+// the fields the caller's header did not have read as absent; nothing past struct_size is read. A larger (newer)
+// struct is accepted only while every byte this library does not know is zero: a non-zero one is a field of a
+// later version, a request this library cannot honour, and silently ignoring it would compute something else.
+// Returns NULL after recording the failure.
+template <typename T>
+const T* read_struct(Checker& c, const T* a, const char* name, size_t first_version_size, T* local) {
   if (a == nullptr) {
     c.failf(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("{}: pointer is NULL", name));
-    return false;
+    return nullptr;
   }
-  if (a->struct_size < sizeof(Args)) {
+  const size_t ss = a->struct_size;
+  if (ss < first_version_size || ss > kMaxStructSize) {
     c.failf(SELSCAN_STATUS_BAD_STRUCT_SIZE,
-            fmt::format("{}: struct_size is {}, expected at least {} (sizeof({}_t) of this library version)", name,
-                        a->struct_size, sizeof(Args), name));
-    return false;
+            fmt::format("{}: struct_size is {}, expected sizeof({}_t) of the caller's header: {} in this version "
+                        "({}), at least {} (its first version) and at most {}",
+                        name, ss, name, sizeof(T), SELSCAN_VERSION_STRING, first_version_size, kMaxStructSize));
+    return nullptr;
   }
-  return true;
+  if (ss < sizeof(T)) {
+    std::memset(static_cast<void*>(local), 0, sizeof(T));
+    std::memcpy(static_cast<void*>(local), a, ss);
+    return local;
+  }
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(a);
+  for (size_t i = sizeof(T); i < ss; ++i)
+    if (bytes[i] != 0) {
+      c.failf(SELSCAN_STATUS_UNSUPPORTED,
+              fmt::format("{}: struct_size is {}, larger than this library's {} (libselscan {}), and byte {} past "
+                          "its struct is {:#04x}, not 0: the caller sets a field of a newer version that this "
+                          "library does not have (upgrade libselscan, or leave the field 0)",
+                          name, ss, sizeof(T), SELSCAN_VERSION_STRING, i, bytes[i]));
+      return nullptr;
+    }
+  return a;
+}
+
+// A reserved integer field must be 0.
+void reserved_zero(Checker& c, int32_t v, const char* name) {
+  if (c.ok() && v != 0)
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("{}: reserved, must be 0, got {}", name, v));
 }
 
 }  // namespace
 
-Status make_fwd_problem(const selscan_fwd_args_t* a, Problem* out) {
+Status make_fwd_problem(const selscan_fwd_args_t* args, Problem* out) {
   Checker c;
-  if (!check_struct(c, a, "selscan_fwd_args")) return c.status;
+  selscan_fwd_args_t local;
+  const selscan_fwd_args_t* a = read_struct(c, args, "selscan_fwd_args", kFwdArgsSizeV0_1, &local);
+  if (a == nullptr) return c.status;
   if (out == nullptr) return fail(SELSCAN_STATUS_INTERNAL, "make_fwd_problem: out is NULL");
   Problem p{};
   check_inputs(c, Inputs{&a->u, &a->delta, &a->A, &a->B, &a->C, &a->D, &a->z, &a->delta_bias, &a->h0,
                          a->delta_softplus},
                p);
+  reserved_zero(c, a->flags, "flags");
   if (!c.ok()) return c.status;
-  if (a->flags != 0)
-    return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("flags: reserved, must be 0, got {}", a->flags));
   const bool has_z = p.z.present();
   if (c.presence(a->out, "out", true, true, "")) check_bdl(c, a->out, "out", p, true);
   if (c.presence(a->out_z, "out_z", has_z, has_z, has_z ? " when z is given" : " when z is absent"))
     check_bdl(c, a->out_z, "out_z", p, true);
   if (c.presence(a->x, "x", false, true, "")) check_x(c, a->x, p, true);
   if (c.presence(a->last_state, "last_state", false, true, "")) check_bdn(c, a->last_state, "last_state", p, true);
+  c.aliases();
   if (!c.ok()) return c.status;
   p.out = view_of(a->out);
   p.out_z = view_of(a->out_z);
@@ -370,9 +530,11 @@ Status make_fwd_problem(const selscan_fwd_args_t* a, Problem* out) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-Status make_bwd_problem(const selscan_bwd_args_t* a, Problem* out) {
+Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   Checker c;
-  if (!check_struct(c, a, "selscan_bwd_args")) return c.status;
+  selscan_bwd_args_t local;
+  const selscan_bwd_args_t* a = read_struct(c, args, "selscan_bwd_args", kBwdArgsSizeV0_1, &local);
+  if (a == nullptr) return c.status;
   if (out == nullptr) return fail(SELSCAN_STATUS_INTERNAL, "make_bwd_problem: out is NULL");
   Problem p{};
   check_inputs(c, Inputs{&a->u, &a->delta, &a->A, &a->B, &a->C, &a->D, &a->z, &a->delta_bias, &a->h0,
@@ -382,6 +544,9 @@ Status make_bwd_problem(const selscan_bwd_args_t* a, Problem* out) {
   if (a->deterministic != 0 && a->deterministic != 1)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                 fmt::format("deterministic: expected 0 or 1, got {}", a->deterministic));
+  reserved_zero(c, a->flags, "flags");
+  reserved_zero(c, a->reserved, "reserved");
+  if (!c.ok()) return c.status;
   const bool has_z = p.z.present(), multi = p.nchunks > 1;
   if (c.presence(a->dout, "dout", true, true, "")) check_bdl(c, a->dout, "dout", p, false);
   if (c.presence(a->x, "x", multi, true, " when seqlen > 2048 (the forward's chunk states)"))
@@ -401,6 +566,7 @@ Status make_bwd_problem(const selscan_bwd_args_t* a, Problem* out) {
     check_like(c, a->ddelta_bias, "ddelta_bias", a->delta_bias);
   if (c.presence(a->dh0, "dh0", false, hh, " when h0 is absent")) check_bdn(c, a->dh0, "dh0", p, true);
   if (c.presence(a->out_z, "out_z", false, has_z, " when z is absent")) check_bdl(c, a->out_z, "out_z", p, true);
+  c.aliases();
   if (!c.ok()) return c.status;
   p.deterministic = a->deterministic != 0;
   p.dout = view_of(a->dout);
@@ -420,9 +586,11 @@ Status make_bwd_problem(const selscan_bwd_args_t* a, Problem* out) {
   return SELSCAN_STATUS_SUCCESS;
 }
 
-Status check_exec(const selscan_exec_t* e) {
+Status check_exec(const selscan_exec_t* exec, selscan_exec_t* out) {
   Checker c;
-  if (!check_struct(c, e, "selscan_exec")) return c.status;
+  selscan_exec_t local;
+  const selscan_exec_t* e = read_struct(c, exec, "selscan_exec", kExecSizeV0_1, &local);
+  if (e == nullptr) return c.status;
   if (e->device_kind != SELSCAN_DEVICE_CPU && e->device_kind != SELSCAN_DEVICE_CUDA)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                 fmt::format("exec.device_kind: expected SELSCAN_DEVICE_CPU (0) or SELSCAN_DEVICE_CUDA (1), got {}",
@@ -433,6 +601,13 @@ Status check_exec(const selscan_exec_t* e) {
   if (e->num_threads < 0)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                 fmt::format("exec.num_threads: expected >= 0 (0 = all hardware threads), got {}", e->num_threads));
+  reserved_zero(c, e->reserved, "exec.reserved");
+  if (!c.ok()) return c.status;
+  if (e->workspace_bytes > 0 && reinterpret_cast<uintptr_t>(e->workspace) % kWorkspaceAlignment != 0)
+    return fail(SELSCAN_STATUS_BAD_LAYOUT,
+                fmt::format("exec.workspace: {} is not aligned to SELSCAN_WORKSPACE_ALIGNMENT ({} bytes)",
+                            e->workspace, kWorkspaceAlignment));
+  *out = *e;
   return SELSCAN_STATUS_SUCCESS;
 }
 

@@ -7,9 +7,13 @@
 
 namespace selscan {
 
+// Validate an argument struct of any accepted struct_size (older callers' missing fields read as absent) and
+// describe the call. Every failure records a message naming the argument and the value given.
 Status make_fwd_problem(const selscan_fwd_args_t* args, Problem* out);
 Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out);
-// exec: non-NULL, struct_size, device kind, num_threads. Workspace is checked by dispatch (needs the size).
-Status check_exec(const selscan_exec_t* exec);
+// exec: non-NULL, struct_size, device kind, num_threads, reserved, workspace alignment. On success `*out` is the
+// caller's context as this version's struct (fields past an older caller's struct_size zero). The workspace
+// size is checked by dispatch (it needs the problem and the device).
+Status check_exec(const selscan_exec_t* exec, selscan_exec_t* out);
 
 }  // namespace selscan

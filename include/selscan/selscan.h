@@ -14,10 +14,15 @@
  *     thread-local message naming the argument and the expected vs actual value is available from
  *     selscan_last_error() until the next failing call on the same thread.
  *   - Argument structs start with `struct_size`; set it to sizeof(the struct) (the SELSCAN_*_INIT macros do).
- *     A library that is newer than the caller treats fields past struct_size as zero / absent.
+ *     Versions only append fields at the end of a struct. A library newer than the caller treats the fields
+ *     past the caller's struct_size as zero / absent; a library older than the caller accepts the caller's
+ *     newer fields only while they are all zero (else UNSUPPORTED: a request for something it cannot do).
+ *     Reserved fields must be 0.
  *   - Sizes and strides are int64 and counted in elements of the tensor's own dtype (complex64 elements for
  *     complex tensors; real elements for the interleaved (Bt, G, N, 2L) complex B/C).
  *   - An optional tensor is absent when its data pointer is NULL.
+ *   - Outputs own their memory: no output may share a byte with any other tensor of the call (input or output;
+ *     no in-place use is supported), and no two elements of one output may share a byte (BAD_LAYOUT).
  *   - No hidden device allocation and no device synchronisation: GPU calls only enqueue work on the given
  *     stream (plus cudaMemsetAsync into the caller's outputs/workspace), so they can be captured in CUDA graphs.
  *     See docs/abi.md for the full reference (layouts, numerics, thread-safety).
@@ -30,9 +35,10 @@
 
 /* ---------------------------------------------------------------------------------------------- 1 */
 #define SELSCAN_VERSION_MAJOR 0
-#define SELSCAN_VERSION_MINOR 1
+#define SELSCAN_VERSION_MINOR 2
 #define SELSCAN_VERSION_PATCH 0
 #define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
+#define SELSCAN_VERSION_STRING "0.2.0" /* the three numbers above, as selscan_version_string() returns them */
 
 #if defined(_WIN32)
 #  if defined(SELSCAN_BUILDING_LIBRARY)
@@ -54,18 +60,21 @@ extern "C" {
 typedef enum selscan_status_t {
   SELSCAN_STATUS_SUCCESS = 0,
   SELSCAN_STATUS_INVALID_ARGUMENT = 1,    /* a NULL required pointer, a bad enum or flag value */
-  SELSCAN_STATUS_BAD_STRUCT_SIZE = 2,     /* struct_size smaller than the first version of the struct */
+  SELSCAN_STATUS_BAD_STRUCT_SIZE = 2,     /* struct_size below the first version of the struct, or above 64 KiB */
   SELSCAN_STATUS_SHAPE_MISMATCH = 3,      /* ndim or a size disagrees with the problem, or a size is < 1 */
   SELSCAN_STATUS_DTYPE_MISMATCH = 4,      /* a tensor's dtype is not the one required */
-  SELSCAN_STATUS_BAD_LAYOUT = 5,          /* a stride the library does not support (see docs/abi.md) */
-  SELSCAN_STATUS_UNSUPPORTED = 6,         /* valid in principle, not supported (e.g. dstate > 256) */
+  SELSCAN_STATUS_BAD_LAYOUT = 5,          /* a stride, alignment or overlap the library does not support */
+  SELSCAN_STATUS_UNSUPPORTED = 6,         /* valid in principle, not supported (dstate > 256, a newer field) */
   SELSCAN_STATUS_WORKSPACE_TOO_SMALL = 7, /* workspace_bytes below what selscan_*_workspace_size reported */
   SELSCAN_STATUS_CUDA_NOT_BUILT = 8,      /* a CUDA call into a library built without CUDA */
   SELSCAN_STATUS_NO_DEVICE = 9,           /* no driver, no such device index */
   SELSCAN_STATUS_ARCH_MISMATCH = 10,      /* the device's compute capability is not served by this build */
   SELSCAN_STATUS_CUDA_ERROR = 11,         /* the CUDA runtime reported an error (message has the details) */
   SELSCAN_STATUS_OUT_OF_MEMORY = 12,      /* host memory for the CPU path could not be allocated */
-  SELSCAN_STATUS_INTERNAL = 13            /* a bug: please report it with selscan_last_error() */
+  SELSCAN_STATUS_INTERNAL = 13,           /* a bug: please report it with selscan_last_error() */
+  /* Not a status: the number of statuses this header knows. A newer library may return values >= this one;
+   * treat them as errors (selscan_status_string() still names them). */
+  SELSCAN_STATUS_COUNT
 } selscan_status_t;
 
 /* ---------------------------------------------------------------------------------------------- 3 */
@@ -94,17 +103,24 @@ typedef struct selscan_tensor_t {
   int64_t strides[SELSCAN_MAX_NDIM]; /* in elements; >= 0 */
 } selscan_tensor_t;
 
+/* An absent tensor (all zero), for building the argument structs' initialisers. */
+#define SELSCAN_TENSOR_INIT {NULL, 0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}}
+
 /* ---------------------------------------------------------------------------------------------- 4 */
 typedef struct selscan_exec_t {
   size_t struct_size;       /* sizeof(selscan_exec_t) */
   int32_t device_kind;      /* selscan_device_kind_t */
   int32_t device_index;     /* CUDA device ordinal (the device that owns the tensors); ignored on CPU */
   void* stream;             /* cudaStream_t; NULL = the legacy default stream; ignored on CPU */
-  void* workspace;          /* caller-owned scratch on that device (may be NULL when the size query says 0) */
+  void* workspace;          /* caller-owned scratch on that device (may be NULL when the size query says 0);
+                               aligned to SELSCAN_WORKSPACE_ALIGNMENT bytes whenever workspace_bytes > 0 */
   size_t workspace_bytes;
   int32_t num_threads;      /* CPU path: worker threads; 0 = all hardware threads */
-  int32_t reserved;
+  int32_t reserved;         /* must be 0 */
 } selscan_exec_t;
+
+/* Alignment the workspace pointer must have (cudaMalloc and the framework allocators give at least this). */
+#define SELSCAN_WORKSPACE_ALIGNMENT 256
 
 #define SELSCAN_EXEC_INIT {sizeof(selscan_exec_t), SELSCAN_DEVICE_CPU, 0, NULL, NULL, 0, 0, 0}
 
@@ -143,6 +159,12 @@ typedef struct selscan_fwd_args_t {
   selscan_tensor_t last_state; /* optional: the true state after position L-1 */
 } selscan_fwd_args_t;
 
+/* Every tensor absent, softplus off, flags 0: set the tensors the call needs. */
+#define SELSCAN_FWD_ARGS_INIT                                                                                   \
+  {sizeof(selscan_fwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                   \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
+   SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
+
 typedef struct selscan_bwd_args_t {
   size_t struct_size;          /* sizeof(selscan_bwd_args_t) */
   /* the forward's inputs, as given to selscan_fwd */
@@ -160,10 +182,22 @@ typedef struct selscan_bwd_args_t {
   selscan_tensor_t ddelta_bias; /* required iff delta_bias is given */
   selscan_tensor_t dh0;         /* optional, only with h0 */
   selscan_tensor_t out_z;       /* optional, only with z: recomputed out * silu(z) (upstream recompute_out_z) */
+  /* since 0.2 */
+  int32_t flags;                /* reserved, must be 0 */
+  int32_t reserved;             /* must be 0 (an explicit field, so the struct has no tail padding for a later
+                                   version's field to land in unseen) */
 } selscan_bwd_args_t;
 
+/* Every tensor absent, softplus and deterministic off, flags 0. */
+#define SELSCAN_BWD_ARGS_INIT                                                                                   \
+  {sizeof(selscan_bwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                   \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
+   SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0}
+
 /* ---------------------------------------------------------------------------------------------- 6 */
-/* "0.1.0" */
+/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.2.0" */
 SELSCAN_API const char* selscan_version_string(void);
 /* SELSCAN_VERSION of the loaded library (compare with the header's to detect a mismatch) */
 SELSCAN_API int32_t selscan_version(void);
@@ -181,7 +215,8 @@ SELSCAN_API selscan_status_t selscan_cuda_device_count(int32_t* count);
  * NO_DEVICE or CUDA_NOT_BUILT otherwise. */
 SELSCAN_API selscan_status_t selscan_check_device(int32_t device_index);
 
-/* Workspace the call needs on exec->device (0 on CPU). Validates the arguments like the call itself. */
+/* Workspace the call needs on exec->device (0 on CPU). Validates the arguments like the call itself. The
+ * workspace given to the call must be aligned to SELSCAN_WORKSPACE_ALIGNMENT bytes. */
 SELSCAN_API selscan_status_t selscan_fwd_workspace_size(const selscan_fwd_args_t* args,
                                                         const selscan_exec_t* exec, size_t* bytes);
 SELSCAN_API selscan_status_t selscan_bwd_workspace_size(const selscan_bwd_args_t* args,

@@ -117,7 +117,11 @@ TEST(Validation, DtypeMismatch) {
   expect_error(selscan_fwd(&h.fwd, &h.exec), SELSCAN_STATUS_DTYPE_MISMATCH, {"A:", "bfloat16"});
   Fixture k;
   k.fwd.u.dtype = 17;
-  expect_error(selscan_fwd(&k.fwd, &k.exec), SELSCAN_STATUS_DTYPE_MISMATCH, {"u:", "unknown dtype"});
+  expect_error(selscan_fwd(&k.fwd, &k.exec), SELSCAN_STATUS_DTYPE_MISMATCH, {"u:", "got dtype code 17"});
+  Fixture m;
+  m.fwd.delta.dtype = 7;
+  expect_error(selscan_fwd(&m.fwd, &m.exec), SELSCAN_STATUS_DTYPE_MISMATCH,
+               {"delta: expected dtype float32 (u's dtype), got dtype code 7"});
   EXPECT_TRUE(f.fwd_outputs_untouched());
 }
 
@@ -183,7 +187,8 @@ TEST(Validation, Layouts) {
   expect_error(selscan_fwd(&k.fwd, &k.exec), SELSCAN_STATUS_BAD_LAYOUT, {"u:", "aligned"});
   Fixture m;
   m.fwd.delta.strides[1] = INT64_MAX / 2;  // 3 * (INT64_MAX / 2) overflows
-  expect_error(selscan_fwd(&m.fwd, &m.exec), SELSCAN_STATUS_UNSUPPORTED, {"delta", "overflows"});
+  expect_error(selscan_fwd(&m.fwd, &m.exec), SELSCAN_STATUS_UNSUPPORTED,
+               {"delta: sizes (2, 4, 8) with strides (32, 4611686018427387903, 1) overflow 64-bit element offsets"});
   EXPECT_TRUE(f.fwd_outputs_untouched());
 }
 
@@ -268,16 +273,18 @@ TEST(Validation, ErrorsStayWithTheirThread) {
 }
 
 TEST(Validation, StatusStringsAndVersion) {
-  for (int s = 0; s <= SELSCAN_STATUS_INTERNAL; ++s) {
+  for (int s = 0; s < SELSCAN_STATUS_COUNT; ++s) {
     const std::string str = selscan_status_string(static_cast<selscan_status_t>(s));
     EXPECT_FALSE(str.empty());
     EXPECT_NE(str, "unknown status") << s;
   }
+  EXPECT_STREQ(selscan_status_string(SELSCAN_STATUS_COUNT), "unknown status");
   EXPECT_STREQ(selscan_status_string(static_cast<selscan_status_t>(999)), "unknown status");
   EXPECT_EQ(selscan_version(), SELSCAN_VERSION);
   const std::string v = selscan_version_string();
   EXPECT_EQ(v, std::to_string(SELSCAN_VERSION_MAJOR) + "." + std::to_string(SELSCAN_VERSION_MINOR) + "." +
                    std::to_string(SELSCAN_VERSION_PATCH));
+  EXPECT_EQ(v, SELSCAN_VERSION_STRING);
   const std::string info = selscan_build_info();
   EXPECT_NE(info.find("libselscan " + v), std::string::npos) << info;
   EXPECT_NE(info.find("CUDA"), std::string::npos) << info;

@@ -1,0 +1,198 @@
+/*
+ * libselscan: the Mamba selective scan (S6) as a standalone library with a plain C ABI.
+ *
+ * This header is the whole public interface. Read it top to bottom:
+ *   1. versions and export macro
+ *   2. status codes
+ *   3. dtypes, devices and the tensor descriptor
+ *   4. the execution context (device, stream, workspace)
+ *   5. forward and backward argument structs
+ *   6. entry points
+ *
+ * Conventions
+ *   - Every entry point returns a selscan_status_t and never throws, aborts or exits. On failure a detailed,
+ *     thread-local message naming the argument and the expected vs actual value is available from
+ *     selscan_last_error() until the next failing call on the same thread.
+ *   - Argument structs start with `struct_size`; set it to sizeof(the struct) (the SELSCAN_*_INIT macros do).
+ *     A library that is newer than the caller treats fields past struct_size as zero / absent.
+ *   - Sizes and strides are int64 and counted in elements of the tensor's own dtype (complex64 elements for
+ *     complex tensors; real elements for the interleaved (Bt, G, N, 2L) complex B/C).
+ *   - An optional tensor is absent when its data pointer is NULL.
+ *   - No hidden device allocation and no device synchronisation: GPU calls only enqueue work on the given
+ *     stream (plus cudaMemsetAsync into the caller's outputs/workspace), so they can be captured in CUDA graphs.
+ *     See docs/abi.md for the full reference (layouts, numerics, thread-safety).
+ */
+#ifndef SELSCAN_SELSCAN_H
+#define SELSCAN_SELSCAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------------------------------- 1 */
+#define SELSCAN_VERSION_MAJOR 0
+#define SELSCAN_VERSION_MINOR 1
+#define SELSCAN_VERSION_PATCH 0
+#define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
+
+#if defined(_WIN32)
+#  if defined(SELSCAN_BUILDING_LIBRARY)
+#    define SELSCAN_API __declspec(dllexport)
+#  elif defined(SELSCAN_STATIC)
+#    define SELSCAN_API
+#  else
+#    define SELSCAN_API __declspec(dllimport)
+#  endif
+#else
+#  define SELSCAN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- 2 */
+typedef enum selscan_status_t {
+  SELSCAN_STATUS_SUCCESS = 0,
+  SELSCAN_STATUS_INVALID_ARGUMENT = 1,    /* a NULL required pointer, a bad enum or flag value */
+  SELSCAN_STATUS_BAD_STRUCT_SIZE = 2,     /* struct_size smaller than the first version of the struct */
+  SELSCAN_STATUS_SHAPE_MISMATCH = 3,      /* ndim or a size disagrees with the problem, or a size is < 1 */
+  SELSCAN_STATUS_DTYPE_MISMATCH = 4,      /* a tensor's dtype is not the one required */
+  SELSCAN_STATUS_BAD_LAYOUT = 5,          /* a stride the library does not support (see docs/abi.md) */
+  SELSCAN_STATUS_UNSUPPORTED = 6,         /* valid in principle, not supported (e.g. dstate > 256) */
+  SELSCAN_STATUS_WORKSPACE_TOO_SMALL = 7, /* workspace_bytes below what selscan_*_workspace_size reported */
+  SELSCAN_STATUS_CUDA_NOT_BUILT = 8,      /* a CUDA call into a library built without CUDA */
+  SELSCAN_STATUS_NO_DEVICE = 9,           /* no driver, no such device index */
+  SELSCAN_STATUS_ARCH_MISMATCH = 10,      /* the device's compute capability is not served by this build */
+  SELSCAN_STATUS_CUDA_ERROR = 11,         /* the CUDA runtime reported an error (message has the details) */
+  SELSCAN_STATUS_OUT_OF_MEMORY = 12,      /* host memory for the CPU path could not be allocated */
+  SELSCAN_STATUS_INTERNAL = 13            /* a bug: please report it with selscan_last_error() */
+} selscan_status_t;
+
+/* ---------------------------------------------------------------------------------------------- 3 */
+typedef enum selscan_dtype_t {
+  SELSCAN_DTYPE_FLOAT32 = 0,
+  SELSCAN_DTYPE_FLOAT16 = 1,  /* IEEE binary16 */
+  SELSCAN_DTYPE_BFLOAT16 = 2,
+  SELSCAN_DTYPE_COMPLEX64 = 3 /* two float32: real, imaginary */
+} selscan_dtype_t;
+
+typedef enum selscan_device_kind_t {
+  SELSCAN_DEVICE_CPU = 0,
+  SELSCAN_DEVICE_CUDA = 1
+} selscan_device_kind_t;
+
+#define SELSCAN_MAX_NDIM 4
+#define SELSCAN_MAX_DSTATE 256
+#define SELSCAN_CHUNK 2048 /* chunk length of the saved chunk states x: nc = ceil(L / 2048) */
+
+/* A strided view of caller-owned memory. sizes/strides beyond ndim are ignored. */
+typedef struct selscan_tensor_t {
+  void* data;                        /* NULL = absent (optional tensors only) */
+  int32_t dtype;                     /* selscan_dtype_t */
+  int32_t ndim;
+  int64_t sizes[SELSCAN_MAX_NDIM];
+  int64_t strides[SELSCAN_MAX_NDIM]; /* in elements; >= 0 */
+} selscan_tensor_t;
+
+/* ---------------------------------------------------------------------------------------------- 4 */
+typedef struct selscan_exec_t {
+  size_t struct_size;       /* sizeof(selscan_exec_t) */
+  int32_t device_kind;      /* selscan_device_kind_t */
+  int32_t device_index;     /* CUDA device ordinal (the device that owns the tensors); ignored on CPU */
+  void* stream;             /* cudaStream_t; NULL = the legacy default stream; ignored on CPU */
+  void* workspace;          /* caller-owned scratch on that device (may be NULL when the size query says 0) */
+  size_t workspace_bytes;
+  int32_t num_threads;      /* CPU path: worker threads; 0 = all hardware threads */
+  int32_t reserved;
+} selscan_exec_t;
+
+#define SELSCAN_EXEC_INIT {sizeof(selscan_exec_t), SELSCAN_DEVICE_CPU, 0, NULL, NULL, 0, 0, 0}
+
+/* ---------------------------------------------------------------------------------------------- 5 */
+/*
+ * Shapes (Bt = batch, D = dim, L = seqlen, N = dstate, G = groups, nc = ceil(L/2048)):
+ *   itype = FLOAT32 | FLOAT16 | BFLOAT16 (u's dtype); wtype = FLOAT32 | COMPLEX64 (A's dtype)
+ *   u, delta, z, out, out_z, dout, du, ddelta, dz   (Bt, D, L)   itype, last stride 1 (or L == 1)
+ *   A                                                (D, N)      wtype, any strides
+ *   B, C constant                                    (D, N)      wtype, any strides
+ *   B, C variable  (real wtype)                      (Bt, G, N, L)  or (Bt, N, L) meaning G = 1;  itype
+ *                  (complex wtype)                   (Bt, G, N, 2L), Re/Im interleaved along the last dim
+ *                  last stride 1; G divides D; channel d uses group d / (D / G); B and C share G
+ *   D, delta_bias, dD, ddelta_bias                   (D,)        FLOAT32
+ *   h0, last_state, dh0                              (Bt, D, N)  wtype, any strides
+ *   x (chunk states)                                 (Bt, D, nc, 2N) wtype, contiguous
+ *   dA, constant dB/dC                               like A / B / C;  variable dB/dC like B/C (itype)
+ * The math is upstream selective_scan_cuda's (docs/numerics.md). x[b,d,c,2n] = running product of the decay,
+ * x[b,d,c,2n+1] = scanned state after chunk c. As upstream, when B is constant (and h0 is absent) the scanned
+ * state excludes the factor B[d,n]; last_state is always the true state h.
+ */
+typedef struct selscan_fwd_args_t {
+  size_t struct_size;          /* sizeof(selscan_fwd_args_t) */
+  /* inputs */
+  selscan_tensor_t u, delta, A, B, C;
+  selscan_tensor_t D;          /* optional: skip connection, y += D[d] * u */
+  selscan_tensor_t z;          /* optional: gate, out_z = y * silu(z) */
+  selscan_tensor_t delta_bias; /* optional */
+  selscan_tensor_t h0;         /* optional: initial state (not in upstream) */
+  int32_t delta_softplus;      /* 0 or 1 */
+  int32_t flags;               /* reserved, must be 0 */
+  /* outputs */
+  selscan_tensor_t out;        /* required: y (before the gate) */
+  selscan_tensor_t out_z;      /* required iff z is given */
+  selscan_tensor_t x;          /* optional: chunk states, needed by backward when L > 2048 */
+  selscan_tensor_t last_state; /* optional: the true state after position L-1 */
+} selscan_fwd_args_t;
+
+typedef struct selscan_bwd_args_t {
+  size_t struct_size;          /* sizeof(selscan_bwd_args_t) */
+  /* the forward's inputs, as given to selscan_fwd */
+  selscan_tensor_t u, delta, A, B, C, D, z, delta_bias, h0;
+  int32_t delta_softplus;      /* 0 or 1 */
+  int32_t deterministic;       /* 1: bitwise-reproducible reductions (fixed order, no float atomics) */
+  /* what the forward saved */
+  selscan_tensor_t dout;       /* gradient of out_z if z is given, else of out */
+  selscan_tensor_t x;          /* chunk states from selscan_fwd; required when L > 2048 */
+  selscan_tensor_t out;        /* the forward's out (pre-gate y); required iff z is given */
+  /* outputs: all overwritten (the caller need not zero them) */
+  selscan_tensor_t du, ddelta, dA, dB, dC;
+  selscan_tensor_t dD;          /* required iff D is given */
+  selscan_tensor_t dz;          /* required iff z is given */
+  selscan_tensor_t ddelta_bias; /* required iff delta_bias is given */
+  selscan_tensor_t dh0;         /* optional, only with h0 */
+  selscan_tensor_t out_z;       /* optional, only with z: recomputed out * silu(z) (upstream recompute_out_z) */
+} selscan_bwd_args_t;
+
+/* ---------------------------------------------------------------------------------------------- 6 */
+/* "0.1.0" */
+SELSCAN_API const char* selscan_version_string(void);
+/* SELSCAN_VERSION of the loaded library (compare with the header's to detect a mismatch) */
+SELSCAN_API int32_t selscan_version(void);
+/* Short, static description of a status ("invalid argument", ...). Never NULL. */
+SELSCAN_API const char* selscan_status_string(selscan_status_t status);
+/* The detailed message of the last failing call on this thread ("" if none). Valid until the next call. */
+SELSCAN_API const char* selscan_last_error(void);
+/* One line: version, CUDA toolkit used at build ("none" without CUDA), SASS and PTX targets carried. */
+SELSCAN_API const char* selscan_build_info(void);
+
+/* Number of visible CUDA devices (0 when built without CUDA or without a driver; never an error). */
+SELSCAN_API selscan_status_t selscan_cuda_device_count(int32_t* count);
+/* Whether this build can run on CUDA device `device_index`, without launching anything. SUCCESS if it can;
+ * ARCH_MISMATCH (with a message naming the device, what the build carries and the rebuild command),
+ * NO_DEVICE or CUDA_NOT_BUILT otherwise. */
+SELSCAN_API selscan_status_t selscan_check_device(int32_t device_index);
+
+/* Workspace the call needs on exec->device (0 on CPU). Validates the arguments like the call itself. */
+SELSCAN_API selscan_status_t selscan_fwd_workspace_size(const selscan_fwd_args_t* args,
+                                                        const selscan_exec_t* exec, size_t* bytes);
+SELSCAN_API selscan_status_t selscan_bwd_workspace_size(const selscan_bwd_args_t* args,
+                                                        const selscan_exec_t* exec, size_t* bytes);
+
+/* The selective scan. All tensors live on exec's device. Asynchronous on CUDA (stream order). */
+SELSCAN_API selscan_status_t selscan_fwd(const selscan_fwd_args_t* args, const selscan_exec_t* exec);
+SELSCAN_API selscan_status_t selscan_bwd(const selscan_bwd_args_t* args, const selscan_exec_t* exec);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SELSCAN_SELSCAN_H */
