@@ -11,11 +11,11 @@ import sys
 
 # The header version this binding was written against (SELSCAN_VERSION = major*10000 + minor*100 + patch).
 HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 1
+HEADER_VERSION_MINOR = 2
 HEADER_VERSION_PATCH = 0
 HEADER_VERSION = HEADER_VERSION_MAJOR * 10000 + HEADER_VERSION_MINOR * 100 + HEADER_VERSION_PATCH
 
-# selscan_status_t
+# selscan_status_t (values 0 .. STATUS_COUNT - 1; a newer library may return more, named "UNKNOWN" here)
 STATUS_NAMES = {
     0: "SUCCESS",
     1: "INVALID_ARGUMENT",
@@ -32,6 +32,7 @@ STATUS_NAMES = {
     12: "OUT_OF_MEMORY",
     13: "INTERNAL",
 }
+STATUS_COUNT = 14  # SELSCAN_STATUS_COUNT
 STATUS_SUCCESS = 0
 STATUS_INVALID_ARGUMENT = 1
 STATUS_SHAPE_MISMATCH = 3
@@ -51,6 +52,7 @@ DEVICE_CUDA = 1
 MAX_NDIM = 4
 MAX_DSTATE = 256
 CHUNK = 2048
+WORKSPACE_ALIGNMENT = 256  # SELSCAN_WORKSPACE_ALIGNMENT: exec.workspace must be aligned to this
 
 
 class SelscanError(ValueError):
@@ -112,6 +114,7 @@ class BwdArgs(ctypes.Structure):
         + [("delta_softplus", ctypes.c_int32), ("deterministic", ctypes.c_int32)]
         + [(n, Tensor) for n in BWD_SAVED]
         + [(n, Tensor) for n in BWD_OUTPUTS]
+        + [("flags", ctypes.c_int32), ("reserved", ctypes.c_int32)]  # since 0.2; must be 0
     )
 
 

@@ -88,6 +88,7 @@ C_LAYOUT = r"""
 #include <stdio.h>
 #include "selscan/selscan.h"
 #define F(T, m) printf(#T " " #m " %zu\n", offsetof(T, m));
+#define K(name) printf("const " #name " %ld\n", (long)(name));
 int main(void) {
   printf("selscan_tensor_t sizeof %zu\n", sizeof(selscan_tensor_t));
   printf("selscan_exec_t sizeof %zu\n", sizeof(selscan_exec_t));
@@ -97,13 +98,16 @@ int main(void) {
   F(selscan_tensor_t, strides)
   F(selscan_exec_t, device_kind) F(selscan_exec_t, device_index) F(selscan_exec_t, stream)
   F(selscan_exec_t, workspace) F(selscan_exec_t, workspace_bytes) F(selscan_exec_t, num_threads)
+  F(selscan_exec_t, reserved)
   %FIELDS%
+  K(SELSCAN_STATUS_COUNT) K(SELSCAN_WORKSPACE_ALIGNMENT) K(SELSCAN_MAX_NDIM) K(SELSCAN_MAX_DSTATE) K(SELSCAN_CHUNK)
+  %CONSTS%
   return 0;
 }
 """
 
 
-def test_struct_layout_matches_header():
+def test_struct_layout_and_constants_match_header():
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler on PATH to read the header's layout")
@@ -112,7 +116,9 @@ def test_struct_layout_matches_header():
         fields.append(f"F(selscan_fwd_args_t, {name})")
     for name, _ in _lib.BwdArgs._fields_:
         fields.append(f"F(selscan_bwd_args_t, {name})")
-    src = C_LAYOUT.replace("%FIELDS%", " ".join(fields))
+    # Every status the mirror names, by the header's enumerator of that name.
+    consts = [f"K(SELSCAN_STATUS_{name})" for name in _lib.STATUS_NAMES.values()]
+    src = C_LAYOUT.replace("%FIELDS%", " ".join(fields)).replace("%CONSTS%", " ".join(consts))
     with tempfile.TemporaryDirectory() as tmp:
         c = os.path.join(tmp, "layout.c")
         with open(c, "w") as f:
@@ -122,9 +128,17 @@ def test_struct_layout_matches_header():
         lines = subprocess.run([exe], capture_output=True, text=True, check=True).stdout.splitlines()
     py = {"selscan_tensor_t": _lib.Tensor, "selscan_exec_t": _lib.Exec, "selscan_fwd_args_t": _lib.FwdArgs,
           "selscan_bwd_args_t": _lib.BwdArgs}
+    mirror = {"SELSCAN_STATUS_COUNT": _lib.STATUS_COUNT, "SELSCAN_WORKSPACE_ALIGNMENT": _lib.WORKSPACE_ALIGNMENT,
+              "SELSCAN_MAX_NDIM": _lib.MAX_NDIM, "SELSCAN_MAX_DSTATE": _lib.MAX_DSTATE, "SELSCAN_CHUNK": _lib.CHUNK}
+    mirror.update({f"SELSCAN_STATUS_{name}": value for value, name in _lib.STATUS_NAMES.items()})
     for line in lines:
         struct, member, value = line.split()
         want = int(value)
+        if struct == "const":
+            assert mirror[member] == want, f"{member}: the mirror says {mirror[member]}, the C header {want}"
+            continue
         got = ctypes.sizeof(py[struct]) if member == "sizeof" else getattr(py[struct], member).offset
         assert got == want, f"{struct}.{member}: ctypes says {got}, the C header {want}"
-    assert len(lines) == 4 + 5 + 6 + len(_lib.FwdArgs._fields_) + len(_lib.BwdArgs._fields_)
+    assert len(lines) == 4 + 5 + 7 + len(_lib.FwdArgs._fields_) + len(_lib.BwdArgs._fields_) + len(mirror)
+    # The status table covers exactly the header's statuses, 0 .. SELSCAN_STATUS_COUNT - 1.
+    assert sorted(_lib.STATUS_NAMES) == list(range(_lib.STATUS_COUNT))
