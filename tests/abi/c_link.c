@@ -1,5 +1,6 @@
 /* The public header compiles as strict C99 (-Wpedantic -Werror) and a C program links against libselscan the
- * ordinary way. Checks the calls that need no tensors: version agreement, status strings, build info, errors. */
+ * ordinary way. Checks the calls that need no tensors: version agreement, status strings, build info, errors,
+ * and that the initialiser macros compile warning-free in C and give zeroed structs of the right size. */
 #include <selscan/selscan.h>
 
 #include <stdio.h>
@@ -20,6 +21,9 @@ int main(void) {
   int32_t count = -1;
   selscan_exec_t exec = SELSCAN_EXEC_INIT;
   selscan_fwd_args_t fwd;
+  const selscan_fwd_args_t fwd_init = SELSCAN_FWD_ARGS_INIT;
+  const selscan_bwd_args_t bwd_init = SELSCAN_BWD_ARGS_INIT;
+  static const selscan_bwd_args_t bwd_zero; /* static: every byte zero */
   size_t bytes = 12345;
   int s;
 
@@ -27,13 +31,22 @@ int main(void) {
   snprintf(expected, sizeof expected, "%d.%d.%d", SELSCAN_VERSION_MAJOR, SELSCAN_VERSION_MINOR,
            SELSCAN_VERSION_PATCH);
   CHECK(strcmp(selscan_version_string(), expected) == 0);
+  CHECK(strcmp(SELSCAN_VERSION_STRING, expected) == 0);
+
+  CHECK(fwd_init.struct_size == sizeof fwd_init && fwd_init.u.data == NULL && fwd_init.flags == 0 &&
+        fwd_init.last_state.data == NULL);
+  CHECK(bwd_init.struct_size == sizeof bwd_init);
+  CHECK(memcmp((const char*)&bwd_init + sizeof(size_t), (const char*)&bwd_zero + sizeof(size_t),
+               sizeof bwd_init - sizeof(size_t)) == 0);
+  CHECK(exec.struct_size == sizeof exec && exec.reserved == 0);
 
   /* Every status has a short, non-empty string; an out-of-range one still gets a string. */
-  for (s = SELSCAN_STATUS_SUCCESS; s <= SELSCAN_STATUS_INTERNAL; ++s) {
+  for (s = SELSCAN_STATUS_SUCCESS; s < SELSCAN_STATUS_COUNT; ++s) {
     const char* text = selscan_status_string((selscan_status_t)s);
     CHECK(text != NULL && text[0] != '\0');
   }
   CHECK(selscan_status_string((selscan_status_t)999) != NULL);
+  CHECK(strcmp(selscan_status_string(SELSCAN_STATUS_COUNT), "unknown status") == 0);
 
   info = selscan_build_info();
   CHECK(info != NULL && strstr(info, expected) != NULL);
