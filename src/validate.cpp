@@ -190,11 +190,11 @@ class Checker {
     extents_[count_++] = Extent{name, base, base + bytes, output};
   }
 
-  // No output may share a byte with another tensor of the call (input or output): the kernels read inputs
-  // after writing outputs and write outputs in an order that differs between the CPU and CUDA paths, so an
-  // alias gives results that depend on the path (out over z loses z before out_z reads it; out_z over out
-  // loses the pre-gate output). Checked on byte ranges, which also rejects interleaved views whose elements
-  // happen to be disjoint: conservative, and O(tensors^2) with at most 22 tensors.
+  // No output may share a byte with another tensor of the call (input or output): the kernels may read an
+  // input after writing an output (out over z loses z before out_z reads it; out_z over out loses the pre-gate
+  // output), and no in-place pair has been validated on both the CPU and CUDA paths. Checked on byte ranges,
+  // which also rejects interleaved views whose elements happen to be disjoint: conservative, and
+  // O(tensors^2) with at most 22 tensors.
   void aliases() {
     if (!ok()) return;
     for (int i = 0; i < count_; ++i)

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "contiguous_f32.h"
+
 enum { BT = 1, DIM = 2, L = 8, N = 4 };
 
 typedef const char* (*str_fn)(void);
@@ -31,19 +33,6 @@ static void* need(void* lib, const char* name) {
     exit(1);
   }
   return p;
-}
-
-static selscan_tensor_t tensor(void* data, int ndim, const int64_t* sizes) {
-  selscan_tensor_t t;
-  int i;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = SELSCAN_DTYPE_FLOAT32;
-  t.ndim = ndim;
-  for (i = 0; i < ndim; ++i) t.sizes[i] = sizes[i];
-  t.strides[ndim - 1] = 1; /* contiguous, row-major */
-  for (i = ndim - 2; i >= 0; --i) t.strides[i] = t.strides[i + 1] * sizes[i + 1];
-  return t;
 }
 
 int main(int argc, char** argv) {
@@ -100,17 +89,17 @@ int main(int argc, char** argv) {
 
     memset(&args, 0, sizeof args);
     args.struct_size = sizeof args;
-    args.u = tensor(u, 3, s_bdl);
-    args.delta = tensor(delta, 3, s_bdl);
-    args.A = tensor(A, 2, s_dn);
-    args.B = tensor(B, 4, s_bgnl);
-    args.C = tensor(C, 4, s_bgnl);
-    args.D = tensor(Dv, 1, s_d);
-    args.z = tensor(z, 3, s_bdl);
-    args.delta_bias = tensor(bias, 1, s_d);
+    args.u = contiguous_f32(u, 3, s_bdl);
+    args.delta = contiguous_f32(delta, 3, s_bdl);
+    args.A = contiguous_f32(A, 2, s_dn);
+    args.B = contiguous_f32(B, 4, s_bgnl);
+    args.C = contiguous_f32(C, 4, s_bgnl);
+    args.D = contiguous_f32(Dv, 1, s_d);
+    args.z = contiguous_f32(z, 3, s_bdl);
+    args.delta_bias = contiguous_f32(bias, 1, s_d);
     args.delta_softplus = 1;
-    args.out = tensor(out, 3, s_bdl);
-    args.out_z = tensor(out_z, 3, s_bdl);
+    args.out = contiguous_f32(out, 3, s_bdl);
+    args.out_z = contiguous_f32(out_z, 3, s_bdl);
     exec.num_threads = 1;
 
     st = fwd_ws(&args, &exec, &ws);

@@ -9,8 +9,11 @@
 #include <selscan/selscan.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "contiguous_f32.h"
 
 #if SELSCAN_VERSION != 100
 #  error "this program must be compiled against the 0.1.0 header (tests/abi/v0_1)"
@@ -73,19 +76,30 @@ static double loss(const double* p) {
   return s;
 }
 
-static selscan_tensor_t tensor(void* data, int ndim, const int64_t* sizes) {
-  selscan_tensor_t t;
-  int i;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = SELSCAN_DTYPE_FLOAT32;
-  t.ndim = ndim;
-  t.strides[ndim - 1] = 1;
-  for (i = ndim - 1; i >= 0; --i) {
-    t.sizes[i] = sizes[i];
-    if (i < ndim - 1) t.strides[i] = t.strides[i + 1] * sizes[i + 1];
-  }
-  return t;
+static const int64_t s_bdl[3] = {BT, DIM, L}, s_dn[2] = {DIM, N}, s_bnl[3] = {BT, N, L}, s_d[1] = {DIM};
+
+/* Each input: where it lives in param (and its gradient in grad), its shape, and its fields in the structs. */
+static const struct {
+  const char* grad_name;
+  int offset, count, ndim;
+  const int64_t* sizes;
+  size_t fwd_field, bwd_field, grad_field;
+} inputs[] = {
+#define IN(x, dx, o, n, nd, sz) \
+  {#dx, o, n, nd, sz, offsetof(selscan_fwd_args_t, x), offsetof(selscan_bwd_args_t, x), offsetof(selscan_bwd_args_t, dx)}
+    IN(u, du, O_U, BDL, 3, s_bdl),         IN(delta, ddelta, O_DELTA, BDL, 3, s_bdl), IN(z, dz, O_Z, BDL, 3, s_bdl),
+    IN(A, dA, O_A, DN, 2, s_dn),           IN(B, dB, O_B, BNL, 3, s_bnl),             IN(C, dC, O_C, BNL, 3, s_bnl),
+    IN(D, dD, O_D, DIM, 1, s_d),           IN(delta_bias, ddelta_bias, O_BIAS, DIM, 1, s_d),
+#undef IN
+};
+enum { NINPUTS = sizeof inputs / sizeof inputs[0] };
+
+static selscan_tensor_t* field(void* args, size_t offset) { return (selscan_tensor_t*)((char*)args + offset); }
+
+static int succeeded(selscan_status_t st, const char* call, size_t struct_size) {
+  if (st == SELSCAN_STATUS_SUCCESS) return 1;
+  fprintf(stderr, "%s (0.1 struct of %zu bytes): status %d: %s\n", call, struct_size, (int)st, selscan_last_error());
+  return 0;
 }
 
 static int bad = 0;
@@ -111,12 +125,6 @@ static struct {
 } exec_box;
 
 int main(void) {
-  const int64_t s_bdl[3] = {BT, DIM, L}, s_dn[2] = {DIM, N}, s_bnl[3] = {BT, N, L}, s_d[1] = {DIM};
-  static const struct {
-    const char* name;
-    int offset, count;
-  } grads[] = {{"du", O_U, BDL},  {"ddelta", O_DELTA, BDL}, {"dz", O_Z, BDL}, {"dA", O_A, DN},
-               {"dB", O_B, BNL},  {"dC", O_C, BNL},         {"dD", O_D, DIM}, {"ddelta_bias", O_BIAS, DIM}};
   double y[BDL], yz[BDL];
   selscan_fwd_args_t* fa = &fwd_box.a;
   selscan_bwd_args_t* ba = &bwd_box.a;
@@ -163,23 +171,13 @@ int main(void) {
   memset(&fwd_box, 0xFF, sizeof fwd_box);
   memset(fa, 0, sizeof *fa);
   fa->struct_size = sizeof *fa;
-  fa->u = tensor(param + O_U, 3, s_bdl);
-  fa->delta = tensor(param + O_DELTA, 3, s_bdl);
-  fa->A = tensor(param + O_A, 2, s_dn);
-  fa->B = tensor(param + O_B, 3, s_bnl);
-  fa->C = tensor(param + O_C, 3, s_bnl);
-  fa->D = tensor(param + O_D, 1, s_d);
-  fa->z = tensor(param + O_Z, 3, s_bdl);
-  fa->delta_bias = tensor(param + O_BIAS, 1, s_d);
+  for (k = 0; k < NINPUTS; ++k)
+    *field(fa, inputs[k].fwd_field) = contiguous_f32(param + inputs[k].offset, inputs[k].ndim, inputs[k].sizes);
   fa->delta_softplus = 1;
-  fa->out = tensor(out, 3, s_bdl);
-  fa->out_z = tensor(out_z, 3, s_bdl);
+  fa->out = contiguous_f32(out, 3, s_bdl);
+  fa->out_z = contiguous_f32(out_z, 3, s_bdl);
   st = selscan_fwd(fa, ex);
-  if (st != SELSCAN_STATUS_SUCCESS) {
-    fprintf(stderr, "selscan_fwd (0.1 struct of %zu bytes): status %d: %s\n", sizeof *fa, (int)st,
-            selscan_last_error());
-    return 1;
-  }
+  if (!succeeded(st, "selscan_fwd", sizeof *fa)) return 1;
   reference(theta, y, yz);
   for (i = 0; i < BDL; ++i) {
     expect_close("out", i, out[i], y[i], 1e-4, 1e-5);
@@ -189,39 +187,23 @@ int main(void) {
   memset(&bwd_box, 0xFF, sizeof bwd_box);
   memset(ba, 0, sizeof *ba);
   ba->struct_size = sizeof *ba; /* the 0.1 size: 0.2's flags and reserved lie past it, in the 0xFF bytes */
-  ba->u = fa->u;
-  ba->delta = fa->delta;
-  ba->A = fa->A;
-  ba->B = fa->B;
-  ba->C = fa->C;
-  ba->D = fa->D;
-  ba->z = fa->z;
-  ba->delta_bias = fa->delta_bias;
+  for (k = 0; k < NINPUTS; ++k) {
+    *field(ba, inputs[k].bwd_field) = *field(fa, inputs[k].fwd_field);
+    *field(ba, inputs[k].grad_field) = contiguous_f32(grad + inputs[k].offset, inputs[k].ndim, inputs[k].sizes);
+  }
   ba->delta_softplus = 1;
   ba->deterministic = 1;
-  ba->dout = tensor(dout, 3, s_bdl);
-  ba->out = tensor(out, 3, s_bdl);
-  ba->du = tensor(grad + O_U, 3, s_bdl);
-  ba->ddelta = tensor(grad + O_DELTA, 3, s_bdl);
-  ba->dA = tensor(grad + O_A, 2, s_dn);
-  ba->dB = tensor(grad + O_B, 3, s_bnl);
-  ba->dC = tensor(grad + O_C, 3, s_bnl);
-  ba->dD = tensor(grad + O_D, 1, s_d);
-  ba->dz = tensor(grad + O_Z, 3, s_bdl);
-  ba->ddelta_bias = tensor(grad + O_BIAS, 1, s_d);
-  ba->out_z = tensor(out_z2, 3, s_bdl);
+  ba->dout = contiguous_f32(dout, 3, s_bdl);
+  ba->out = fa->out;
+  ba->out_z = contiguous_f32(out_z2, 3, s_bdl);
   st = selscan_bwd(ba, ex);
-  if (st != SELSCAN_STATUS_SUCCESS) {
-    fprintf(stderr, "selscan_bwd (0.1 struct of %zu bytes): status %d: %s\n", sizeof *ba, (int)st,
-            selscan_last_error());
-    return 1;
-  }
+  if (!succeeded(st, "selscan_bwd", sizeof *ba)) return 1;
   for (i = 0; i < BDL; ++i) expect_close("out_z (backward's recompute)", i, out_z2[i], yz[i], 1e-4, 1e-5);
 
   /* d loss / d theta_i by central differences of the float64 reference (error ~1e-9 at this step). */
-  for (k = 0; k < (int)(sizeof grads / sizeof grads[0]); ++k)
-    for (i = 0; i < grads[k].count; ++i) {
-      const int j = grads[k].offset + i;
+  for (k = 0; k < NINPUTS; ++k)
+    for (i = 0; i < inputs[k].count; ++i) {
+      const int j = inputs[k].offset + i;
       const double keep = theta[j], step = 1e-5 * (1.0 + fabs(keep));
       double up, down;
       theta[j] = keep + step;
@@ -229,7 +211,7 @@ int main(void) {
       theta[j] = keep - step;
       down = loss(theta);
       theta[j] = keep;
-      expect_close(grads[k].name, i, grad[j], (up - down) / (2 * step), 2e-4, 2e-5);
+      expect_close(inputs[k].grad_name, i, grad[j], (up - down) / (2 * step), 2e-4, 2e-5);
     }
 
   if (bad) {

@@ -7,6 +7,8 @@
 // struct_size bytes, so any read or write outside them is an AddressSanitizer report. Beyond "no crash, no
 // sanitizer report" each call must satisfy:
 //   - a failing call leaves a message in selscan_last_error() and writes no output;
+//   - a call is rejected when an output's elements overlap each other, or an output was pointed at another
+//     tensor's memory (the library supports no in-place use);
 //   - a query that fails makes the call itself fail the same way (validation comes before any memory access);
 //   - a successful call leaves every input byte and every byte between output elements untouched, writes every
 //     output element (when the inputs are finite), and gives the same results with another thread count.
@@ -210,7 +212,7 @@ class Decoder {
       // An input broadcast along one dim (stride 0), as a torch expand() gives.
       t.strides[f_.ConsumeIntegralInRange<int>(0, unit_last ? n - 2 : n - 1)] = 0;
     } else if (mode == 6) {
-      // Arbitrary small strides (outputs may overlap: then only the sanitizers judge).
+      // Arbitrary small strides (an output whose elements overlap must be rejected).
       for (int i = 0; i < n; ++i)
         if (!(unit_last && i == n - 1)) t.strides[i] = f_.ConsumeIntegralInRange<int64_t>(allow_broadcast ? 0 : 1, 3 * next);
     } else if (mode == 7) {
@@ -282,26 +284,30 @@ void back(Slot& s, int misalign, uint64_t& rng, bool tame) {
 }
 
 // Caller memory holding a struct: exactly `struct_size` bytes (at least the struct_size field; at most the
-// struct plus 64 junk bytes; a huge struct_size gets just the struct, which is all the library may read).
+// struct plus 64 bytes of a newer caller's fields, junk or zero; a huge struct_size gets just the struct, which
+// is all the library may read before rejecting it).
 template <class T>
 struct Boxed {
   unsigned char* mem = nullptr;
-  explicit Boxed(const T& v, uint64_t& rng) {
+  explicit Boxed(const T& v, uint64_t& rng, bool zero_tail) {
     const size_t ss = v.struct_size;
     size_t bytes = ss < sizeof(size_t) ? sizeof(size_t) : ss > sizeof(T) + 64 ? sizeof(T) : ss;
     mem = static_cast<unsigned char*>(std::malloc(bytes));
     if (mem == nullptr) die("malloc failed");
     std::memcpy(mem, &v, std::min(bytes, sizeof(T)));  // below sizeof(T): the tail does not exist for this caller
-    for (size_t i = sizeof(T); i < bytes; ++i) mem[i] = static_cast<unsigned char>(splitmix(rng));
+    for (size_t i = sizeof(T); i < bytes; ++i) mem[i] = zero_tail ? 0 : static_cast<unsigned char>(splitmix(rng));
   }
   ~Boxed() { std::free(mem); }
   const T* get() const { return reinterpret_cast<const T*>(mem); }
 };
 
+// The real size, or (mutated) sizes of older or newer callers and garbage. For the backward, real - 8 is the
+// 0.1 struct (without flags and reserved).
 size_t fuzz_struct_size(Decoder& dec, size_t real) {
   if (!dec.mutate()) return real;
   return static_cast<size_t>(dec.pick({0, 1, 7, 8, static_cast<int64_t>(real) - 8, static_cast<int64_t>(real) - 1,
-                                       static_cast<int64_t>(real) + 1, static_cast<int64_t>(real) + 64, -1}));
+                                       static_cast<int64_t>(real) + 1, static_cast<int64_t>(real) + 8,
+                                       static_cast<int64_t>(real) + 64, (int64_t{1} << 16) + 1, -1}));
 }
 
 bool is_validation_status(selscan_status_t s) {
@@ -309,7 +315,7 @@ bool is_validation_status(selscan_status_t s) {
 }
 
 void check_failure(selscan_status_t s, const char* call) {
-  if (s < SELSCAN_STATUS_SUCCESS || s > SELSCAN_STATUS_INTERNAL) die(call, "returned a status outside the enum");
+  if (s < SELSCAN_STATUS_SUCCESS || s >= SELSCAN_STATUS_COUNT) die(call, "returned a status outside the enum");
   if (s == SELSCAN_STATUS_INTERNAL) die(call, selscan_last_error());
   if (s != SELSCAN_STATUS_SUCCESS && selscan_last_error()[0] == '\0') die(call, "failed without a message");
 }
@@ -334,6 +340,7 @@ void check_memory(const std::vector<Slot*>& slots, bool success, bool check_writ
       continue;
     }
     if (!s->backed) die("a call succeeded on an unbacked descriptor:", s->name);
+    if (s->overlaps) die("a call succeeded with an output whose elements overlap:", s->name);
     const int64_t es = dtype_bytes(s->t->dtype);
     const unsigned char* base = static_cast<const unsigned char*>(s->t->data);
     if (check_written && !s->overlaps)
@@ -388,6 +395,7 @@ struct Problem {
   bool has_D = true, has_z = false, has_bias = false, has_h0 = false, with_x = true, with_last = false;
   bool want_dh0 = false, want_out_z = false;
   int32_t softplus = 0, flags = 0, deterministic = 1;
+  int32_t bwd_flags = 0, bwd_reserved = 0;
 };
 
 Problem decode_problem(Decoder& dec) {
@@ -431,6 +439,8 @@ Problem decode_problem(Decoder& dec) {
   if (dec.mutate()) p.softplus = static_cast<int32_t>(dec.pick({2, -1, INT32_MAX}));
   if (dec.mutate()) p.flags = static_cast<int32_t>(dec.pick({1, -1, 1 << 20}));
   if (dec.mutate()) p.deterministic = static_cast<int32_t>(dec.pick({0, 2, -1}));
+  if (dec.mutate()) p.bwd_flags = static_cast<int32_t>(dec.pick({1, -1, 1 << 20}));
+  if (dec.mutate()) p.bwd_reserved = static_cast<int32_t>(dec.pick({1, -1}));
   return p;
 }
 
@@ -444,7 +454,7 @@ selscan_exec_t decode_exec(Decoder& dec) {
   if (one_in(f, 16)) {
     // Ignored on the CPU: must not be dereferenced.
     e.stream = reinterpret_cast<void*>(uintptr_t{0xdead0000});
-    e.workspace = reinterpret_cast<void*>(uintptr_t{0xbeef0000});
+    e.workspace = reinterpret_cast<void*>(uintptr_t{0xbeef0000} + (f.ConsumeBool() ? 0 : 8));  // 8: misaligned
     e.workspace_bytes = f.ConsumeIntegral<size_t>();
   }
   e.reserved = dec.mutate() ? f.ConsumeIntegral<int32_t>() : 0;
@@ -493,14 +503,36 @@ void exercise(const char* name, Decoder& dec, Args& args, const selscan_exec_t& 
   for (const Slot* s : slots) all_backed = all_backed && (s->t->data == nullptr || s->backed);
   const bool null_args = one_in(f, 64), null_exec = one_in(f, 64);
   const bool null_bytes = one_in(f, 64);
-  Boxed<Args> a(args, rng);
-  Boxed<selscan_exec_t> e(exec, rng);
+  // Sometimes an output is pointed at another tensor's memory: the call must then be rejected. The
+  // descriptor is restored on return (the backward reuses the forward's).
+  struct Alias {
+    selscan_tensor_t* t = nullptr;
+    void* data = nullptr;
+    ~Alias() {
+      if (t) t->data = data;
+    }
+  } alias;
+  if (dec.mutate()) {
+    std::vector<Slot*> present;
+    for (Slot* s : slots)
+      if (s->t->data) present.push_back(s);
+    Slot* o = present.empty() ? nullptr : present[f.ConsumeIntegralInRange<size_t>(0, present.size() - 1)];
+    Slot* other = present.empty() ? nullptr : present[f.ConsumeIntegralInRange<size_t>(0, present.size() - 1)];
+    if (o && o->output && other != o) {
+      alias.t = o->t;
+      alias.data = o->t->data;
+      o->t->data = other->t->data;
+    }
+  }
+  Boxed<Args> a(args, rng, splitmix(rng) & 1);
+  Boxed<selscan_exec_t> e(exec, rng, splitmix(rng) & 1);
   const Args* ap = null_args ? nullptr : a.get();
   const selscan_exec_t* ep = null_exec ? nullptr : e.get();
 
   size_t bytes = 12345;
   const selscan_status_t sq = query(ap, ep, null_bytes ? nullptr : &bytes);
   check_failure(sq, name);
+  if (alias.t && sq == SELSCAN_STATUS_SUCCESS) die(name, "accepted an output that aliases another tensor");
   if (sq == SELSCAN_STATUS_SUCCESS && bytes != 0) die(name, "CPU workspace is not 0");
   check_memory(slots, false, false, name);  // a query writes no tensor
   if (!all_backed && (sq == SELSCAN_STATUS_SUCCESS || null_bytes)) return;  // would run over unbacked memory
@@ -512,6 +544,7 @@ void exercise(const char* name, Decoder& dec, Args& args, const selscan_exec_t& 
   if (stats().on && s != SELSCAN_STATUS_SUCCESS && std::getenv("SELSCAN_FUZZ_ERRORS"))
     std::fprintf(stderr, "fuzz_abi: %s: %s\n", name, selscan_last_error());
   if (sq != SELSCAN_STATUS_SUCCESS && !null_bytes && s != sq) die(name, "query and call disagree");
+  if (alias.t && s == SELSCAN_STATUS_SUCCESS) die(name, "accepted an output that aliases another tensor");
   if (s != SELSCAN_STATUS_SUCCESS) {
     if (is_validation_status(s)) check_memory(slots, false, false, name);
     return;
@@ -610,6 +643,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ba.out = p.has_z || one_in(f, 8) ? fa.out : selscan_tensor_t{};
   ba.delta_softplus = p.softplus;
   ba.deterministic = p.deterministic;
+  ba.flags = p.bwd_flags;
+  ba.reserved = p.bwd_reserved;
   Slot dout, du, ddelta, dA, dB, dC, dD, dz, dbias, dh0, out_z2;
   const std::vector<Spec> bwd_specs = {
       {&dout, "dout", &ba.dout, Kind::bdl, false, false, false, true},
