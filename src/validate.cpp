@@ -21,17 +21,19 @@ constexpr size_t kBwdArgsSizeV0_1 = offsetof(selscan_bwd_args_t, out_z) + sizeof
 static_assert(sizeof(void*) != 8 || (kExecSizeV0_1 == 48 && kFwdArgsSizeV0_1 == 1056 && kBwdArgsSizeV0_1 == 1776),
               "a 0.1 field moved: versions may only append fields at the end of a struct");
 // Fields appended since 0.1 start exactly where the 0.1 struct ended, and no struct has tail padding (a later
-// version's field would otherwise land in bytes an older caller's struct_size covers but never set).
+// version's field would otherwise land in bytes an older caller's struct_size covers but never set). exec and
+// the forward's args have not grown since 0.1; when one does, pin its first new field like the backward's.
 static_assert(offsetof(selscan_bwd_args_t, flags) == kBwdArgsSizeV0_1, "bwd 0.2 fields follow the 0.1 struct");
-static_assert(sizeof(selscan_exec_t) == kExecSizeV0_1, "exec: no padding after the last field");
-static_assert(sizeof(selscan_fwd_args_t) == kFwdArgsSizeV0_1, "fwd args: no padding after the last field");
 static_assert(sizeof(selscan_bwd_args_t) == offsetof(selscan_bwd_args_t, reserved) + sizeof(int32_t),
               "bwd args: no padding after the last field");
+static_assert(sizeof(selscan_exec_t) == kExecSizeV0_1, "exec: unchanged since 0.1, no tail padding");
+static_assert(sizeof(selscan_fwd_args_t) == kFwdArgsSizeV0_1, "fwd args: unchanged since 0.1, no tail padding");
 // A struct_size above this is garbage rather than a newer version (today's structs are under 2 KiB); it is
 // rejected before any byte past this library's struct is read.
 constexpr size_t kMaxStructSize = size_t{64} << 10;
 
-// Workspace pointers must be aligned to this (cudaMalloc gives 256; the kernels' vector stores need less).
+// Workspace pointers must be aligned to this: cudaMalloc and the frameworks' allocators give at least 256, and
+// the promise leaves the kernels free to use any vector width on the workspace.
 constexpr uintptr_t kWorkspaceAlignment = SELSCAN_WORKSPACE_ALIGNMENT;
 static_assert((kWorkspaceAlignment & (kWorkspaceAlignment - 1)) == 0, "a power of two");
 
@@ -136,7 +138,7 @@ class Checker {
     const int64_t esize = dtype_bytes(t.dtype);
     const int64_t align = esize == 8 ? 4 : esize;  // complex64 is two floats
     const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-    if (base % static_cast<uintptr_t>(align) != 0) {
+    if ((base & static_cast<uintptr_t>(align - 1)) != 0) {  // align is a power of two
       failf(SELSCAN_STATUS_BAD_LAYOUT,
             fmt::format("{}: data pointer {} is not aligned to its {}-byte elements", name, t.data, align));
       return;
