@@ -19,72 +19,22 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "common.cuh"
-#include "cuda/launch.h"
-#include "errors.h"
-#include "launch_check.cuh"
+#include "cuda/plans.h"
 #include "problem.h"
 
 namespace selscan::kern::bwd {
 
-constexpr int kItems = 8;                    // K: consecutive time steps per lane
-constexpr int kPiece = 32 * kItems;          // time steps per warp per piece
-constexpr int kPiecesPerChunk = static_cast<int>(kChunk / kPiece);
-constexpr int kMaxWarps = 8;                 // channels per block
-static_assert(kChunk % kPiece == 0, "a piece must not straddle a chunk of x");
+using cuda::bwd_warp::kItems;
+using cuda::bwd_warp::kMaxWarps;
+using cuda::bwd_warp::kPiece;
+using cuda::bwd_warp::kPiecesPerChunk;
+using cuda::bwd_warp::SmemLayout;
+using cuda::bwd_warp::smem_layout;
 
-// How a backward call is laid out; a pure function of (Problem, Family), shared by the workspace query and
-// the launch (kernels/launch_bwd.cu).
-struct Plan {
-  int warps = 1;                 // channels per block
-  int stile = 1;                 // states per variable-dB/dC reduction round (barrier pair)
-  int64_t tiles_per_group = 1;   // channel tiles of `warps` channels per group
-  int64_t slots = 1;             // blocks per (b, g)
-  int64_t tiles_per_slot = 1;    // channel tiles one block walks in turn
-  bool det_var = false;          // variable dB/dC as per-slot partials (deterministic mode)
-  int nacc = 1;                  // per-state accumulators: dA [, accB] [, accC]
-  int accB = -1, accC = -1;      // their index, or -1 when not needed
-  size_t smem = 0;               // dynamic shared memory of the main kernel
-  size_t off_pw = 0, off_ps = 0, off_vb = 0, off_vc = 0, total = 0;  // workspace layout (bytes)
-  int64_t var_elems = 0;         // Bt*G*N*Lp floats of one variable dB/dC image
-  int64_t var_row = 0;           // Lp = L*cw rounded up to a multiple of 4 (whole float4 atomics)
-  bool lane_acc = false;         // per-lane partials of the per-state sums
-  // The thread-states kernel (bwd_ts.cuh) when it serves the call; the fields above that it shares: nacc/accB/
-  // accC, off_pw/off_ps/off_vb/off_vc, var_elems/var_row.
-  bool ts = false;
-  int ts_tpc = 0, ts_grid = 0, ts_ntc = 0;  // warps per block, blocks, tiles per chunk
-  int64_t ts_tiles = 0, ts_items = 0;       // channel tiles per group, work items (b, g, tile)
-  size_t ts_smem = 0, ts_ck_bytes = 0, off_ck = 0;  // shared memory; checkpoint workspace and its offset
-};
-
-Plan make_plan(const Problem& p, cuda::Family f);
-
-// Shared memory of the main kernel, in floats (host and device agree on this layout):
-//   per warp: fc [kPiecesPerChunk][N], gcar [N], acc [nacc][N], pcache [4][N] (weights-typed)
-//   per warp, when `lane_acc`: lane partials [nacc][N][32]                (weights-typed)
-//   block: staged variable B/C rows, raw itype [2][nvar][stile][kPiece*cw] (double-buffered), reduction buffers
-//          [nvar][stile][warps][kPiece*cw] (fp32)
-struct SmemLayout {
-  int64_t per_warp, lane_acc_per_warp, stage, red, total;  // floats
-};
-__host__ __device__ inline int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
-__host__ __device__ inline SmemLayout smem_layout(int64_t N, bool cplx, int nacc, int nvar, bool lane_acc, int warps,
-                                                  int stile, int isz) {
-  const int64_t wsz = cplx ? 2 : 1;
-  SmemLayout l;
-  l.per_warp = round4((kPiecesPerChunk + 1 + nacc + 4) * N * wsz);
-  l.lane_acc_per_warp = lane_acc ? nacc * N * wsz * 32 : 0;
-  l.stage = 2 * static_cast<int64_t>(nvar) * stile * kPiece * wsz * isz / 4;  // two buffers of raw itype rows
-  l.red = static_cast<int64_t>(nvar) * stile * kPiece * wsz * warps;
-  l.total = warps * (l.per_warp + l.lane_acc_per_warp) + l.stage + l.red;
-  return l;
-}
-// Per-lane partials of the per-state sums avoid a warp reduction per state and piece; used when they are small.
-__host__ __device__ inline bool use_lane_acc(int64_t N, bool cplx, int nacc) { return nacc * N * (cplx ? 2 : 1) <= 32; }
-
+// The kernels' parameters: the Problem, the plan's layout (src/cuda/plans.h) and the workspace regions.
 struct Args {
   Problem p;
   int64_t tiles_per_group, slots, tiles_per_slot;

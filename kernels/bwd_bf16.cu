@@ -3,8 +3,8 @@
 
 namespace selscan::kern::bwd {
 
-Status launch_bf16(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  return launch<__nv_bfloat16>(p, plan, st, ws);
+Status launch_bf16(const Problem& p, const cuda::BwdPlan& plan, const cuda::Launch& l) {
+  return launch<__nv_bfloat16>(p, plan, l);
 }
 
 }  // namespace selscan::kern::bwd

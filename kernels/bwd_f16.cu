@@ -3,8 +3,8 @@
 
 namespace selscan::kern::bwd {
 
-Status launch_f16(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  return launch<__half>(p, plan, st, ws);
+Status launch_f16(const Problem& p, const cuda::BwdPlan& plan, const cuda::Launch& l) {
+  return launch<__half>(p, plan, l);
 }
 
 }  // namespace selscan::kern::bwd

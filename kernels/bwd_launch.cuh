@@ -1,17 +1,16 @@
-// The backward launch for one itype: the main kernel the Plan chose (thread-states, bwd_ts.cuh, or warp-scan,
+// The backward launch for one itype: the main kernel the plan names (thread-states, bwd_ts.cuh, or warp-scan,
 // bwd.cuh), then the fixed-order parameter sums and the variable dB/dC conversion shared by both.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <string>
-
 #include "bwd.cuh"
 #include "bwd_ts.cuh"
+#include "cuda/launch.h"
+#include "cuda/plans.h"
+#include "launch_check.cuh"
 
 namespace selscan::kern::bwd {
-
-inline Status check_launch(const char* what) { return launch_status(std::string("backward: launching ") + what); }
 
 inline unsigned grid_for(int64_t work, int threads) {
   int64_t blocks = (work + threads - 1) / threads;
@@ -21,17 +20,18 @@ inline unsigned grid_for(int64_t work, int threads) {
 }
 
 template <typename T, bool kC>
-Status launch_typed(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  char* base = static_cast<char*>(ws);
+Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Launch& l) {
+  const auto st = static_cast<cudaStream_t>(l.stream);
+  char* base = static_cast<char*>(l.workspace);
   Args a{};
   a.p = p;
-  a.tiles_per_group = plan.tiles_per_group;
-  a.slots = plan.slots;
-  a.tiles_per_slot = plan.tiles_per_slot;
+  a.tiles_per_group = plan.warp.tiles_per_group;
+  a.slots = plan.kernel == cuda::BwdKernel::warp ? plan.warp.slots : plan.images;
+  a.tiles_per_slot = plan.warp.tiles_per_slot;
   a.var_elems = plan.var_elems;
   a.var_row = plan.var_row;
-  a.lane_acc = plan.lane_acc;
-  a.stile = plan.stile;
+  a.lane_acc = plan.warp.lane_acc;
+  a.stile = plan.warp.stile;
   a.nacc = plan.nacc;
   a.accB = plan.accB;
   a.accC = plan.accC;
@@ -41,51 +41,54 @@ Status launch_typed(const Problem& p, const Plan& plan, cudaStream_t st, void* w
   a.vb = p.var_B ? reinterpret_cast<float*>(base + plan.off_vb) : nullptr;
   a.vc = p.var_C ? reinterpret_cast<float*>(base + plan.off_vc) : nullptr;
 
-  if (!plan.det_var) {
-    const size_t bytes = static_cast<size_t>(plan.var_elems) * sizeof(float);
-    if (p.var_B && cudaMemsetAsync(a.vb, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dB)");
-    if (p.var_C && cudaMemsetAsync(a.vc, 0, bytes, st) != cudaSuccess) return check_launch("cudaMemsetAsync(dC)");
-  }
+  if (plan.zero_bytes > 0 && cudaMemsetAsync(base + plan.off_vb, 0, plan.zero_bytes, st) != cudaSuccess)
+    return launch_status("backward: launching cudaMemsetAsync(dB/dC images)");
 
-  if (plan.ts) {
+  if (plan.kernel == cuda::BwdKernel::ts) {
     if constexpr (!kC) {
+      static SmemLimit limit;
       auto kfn = ts::bwd_ts_kernel<T>;
-      if (Status s = set_smem(kfn, plan.ts_smem, "backward"); s != SELSCAN_STATUS_SUCCESS) return s;
-      kfn<<<static_cast<unsigned>(plan.ts_grid), ts::kCh * plan.ts_tpc, plan.ts_smem, st>>>(
-          a, plan, reinterpret_cast<float4*>(base + plan.off_ck));
-      if (Status s = check_launch("the thread-states backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
+      if (Status s = limit.raise(kfn, plan.ts.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+          s != SELSCAN_STATUS_SUCCESS)
+        return s;
+      kfn<<<static_cast<unsigned>(plan.ts.grid), plan.ts.threads, plan.ts.smem, st>>>(
+          a, ts::shape_of(plan.ts), reinterpret_cast<float4*>(base + plan.off_ck));
+      if (Status s = launch_status("backward: launching the thread-states backward kernel");
+          s != SELSCAN_STATUS_SUCCESS)
+        return s;
     }
   } else {
+    static SmemLimit limit;
     auto kfn = bwd_main<T, kC>;
-    if (Status s = set_smem(kfn, plan.smem, "backward"); s != SELSCAN_STATUS_SUCCESS) return s;
-    int64_t blocks = p.batch * p.groups * plan.slots;
-    if (blocks > 0x7fffffff) blocks = 0x7fffffff;  // the kernel loops over the rest
-    kfn<<<static_cast<unsigned>(blocks), 32 * plan.warps, plan.smem, st>>>(a);
-    if (Status s = check_launch("the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
+    if (Status s = limit.raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+        s != SELSCAN_STATUS_SUCCESS)
+      return s;
+    kfn<<<static_cast<unsigned>(plan.warp.blocks), 32 * plan.warp.warps, plan.warp.smem, st>>>(a);
+    if (Status s = launch_status("backward: launching the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
 
   bwd_params<kC><<<grid_for(p.dim * p.dstate, 256), 256, 0, st>>>(a);
-  if (Status s = check_launch("the backward parameter reduction"); s != SELSCAN_STATUS_SUCCESS) return s;
+  if (Status s = launch_status("backward: launching the backward parameter reduction"); s != SELSCAN_STATUS_SUCCESS)
+    return s;
 
   const int64_t Lr = p.seqlen * (kC ? 2 : 1);
   const int64_t rows = p.batch * p.groups * p.dstate;
-  const int64_t nimg = plan.det_var ? plan.slots : 1;
   if (p.var_B) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vb, nimg, plan.var_elems, plan.var_row, p.dB,
+    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vb, plan.images, plan.var_elems, plan.var_row, p.dB,
                                                              p.groups, p.dstate, Lr, rows);
-    if (Status s = check_launch("the dB conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
+    if (Status s = launch_status("backward: launching the dB conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
   if (p.var_C) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vc, nimg, plan.var_elems, plan.var_row, p.dC,
+    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vc, plan.images, plan.var_elems, plan.var_row, p.dC,
                                                              p.groups, p.dstate, Lr, rows);
-    if (Status s = check_launch("the dC conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
+    if (Status s = launch_status("backward: launching the dC conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
   return SELSCAN_STATUS_SUCCESS;
 }
 
 template <typename T>
-Status launch(const Problem& p, const Plan& plan, cudaStream_t st, void* ws) {
-  return p.is_complex ? launch_typed<T, true>(p, plan, st, ws) : launch_typed<T, false>(p, plan, st, ws);
+Status launch(const Problem& p, const cuda::BwdPlan& plan, const cuda::Launch& l) {
+  return p.is_complex ? launch_typed<T, true>(p, plan, l) : launch_typed<T, false>(p, plan, l);
 }
 
 }  // namespace selscan::kern::bwd

@@ -28,84 +28,46 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "bwd.cuh"
-#include "cuda/launch.h"
 #include "bwd_ts_layout.h"
 #include "common.cuh"
+#include "cuda/plans.h"
 #include "problem.h"
 
 namespace selscan::kern::bwd::ts {
 
-constexpr int kS = 4;          // states per thread
-constexpr int kMaxTpc = 4;     // threads (warps) per channel: dstate <= 16
-constexpr int64_t kMinWarps = 1024;  // less parallelism than this: the warp-scan backward (see plan)
-constexpr int kMaxGrid = 1024;       // persistent grid cap; bounds the checkpoint workspace
+using cuda::bwd_ts::kMaxTpc;
+using cuda::bwd_ts::kS;
+using cuda::bwd_ts::Layout;
+using cuda::bwd_ts::layout;
 
-// Shared memory layout in floats (host and device agree).
-struct Layout {
-  int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, acc, eD, raw, total;
+// What the kernel reads of its plan (src/cuda/plans.h), at the parameter offsets it was tuned with: where these fields
+// sat when the kernel took the whole backward plan after Args. The compiler's register allocation follows the offsets
+// of the parameters a kernel reads (a tidier layout compiled to a different SASS), so the unused bytes stay until a
+// layout change is measured.
+struct Shape {
+  unsigned char unused0_[116];
+  int tpc;        // warps per block (threads per channel)
+  int unused1_;
+  int ntc;        // tiles per chunk
+  int64_t tiles;  // channel tiles per group
+  int64_t items;  // work items (b, g, tile)
+  unsigned char unused2_[24];
 };
-__host__ __device__ inline Layout layout(int tpc, int isz) {
-  Layout l{};
-  const int ch = kCh * kRow, np = tpc * kS;
-  int o = 0;
-  l.dl = o; o += ch;   // delta' (after bias and softplus)      [ch][kRow]
-  l.du = o; o += ch;   // delta' u
-  l.dt = o; o += ch;   // dout after the z gate
-  l.u = o; o += ch;    // u
-  l.sp = o; o += ch;   // d softplus / d delta (1 without softplus)
-  l.sB = o; o += kTT * np;  // variable B, C as float [t][state]
-  l.sC = o; o += kTT * np;
-  l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
-  l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
-  l.red = o; o += tpc * kRedWarp;    // per warp: four steps of 8 dB/dC values per lane (red_at)
-  l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
-  l.dC = o; o += np * kTT;
-  l.acc = o; o += 3 * kCh * tpc * kS;  // per thread: constant-B/C and dA sums [3][threads][kS]
-  l.eD = o; o += 2 * kCh * kTT / 4;    // per (channel, 4 steps): dD and ddelta_bias shares [2][ch * kTT/4]
-  o = (o + 3) / 4 * 4;
-  l.raw = o;  // raw itype rows: u, delta, dout, z, out [5][ch][kTT]; B, C [2][np][kTT]
-  o += (5 * kCh * kTT * isz + 2 * np * kTT * isz + 3) / 4;
-  l.total = o;
-  return l;
-}
-
-// Which backward kernel runs (SELSCAN_BWD_KERNEL, see kernel_choice_from_env). Read once per process, so workspace
-// queries and launches agree.
-inline KernelChoice bwd_choice() {
-  static const KernelChoice c = kernel_choice_from_env("SELSCAN_BWD_KERNEL");
-  return c;
-}
-
-// The launch shape for p on a GPU of family `f` (a block may use `smem_cap` bytes of shared memory), or false when
-// this kernel should not serve it: complex weights, dstate > 16, a layout over the shared-memory budget (fp32 on
-// sm_75), or, unless `forced`, anything but what was measured faster on the H200: sm_90-family GPUs, dstate 13-16
-// (4 warps per channel tile) and at least kMinWarps warps in all (one long sequence, say, keeps the warp-scan
-// kernel, which also spreads time over lanes). A pure function of (problem, family), so the workspace query and the
-// launch agree. `forced` is for tests and A/B benchmarks.
-inline bool plan(const Problem& p, cuda::Family f, size_t smem_cap, bool forced, Plan* pl) {
-  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
-  int tpc = 1;
-  while (tpc * kS < p.dstate) tpc *= 2;
-  const int64_t cpg = p.dim / p.groups;
-  const int64_t tiles = (cpg + kCh - 1) / kCh;
-  const int64_t items = p.batch * p.groups * tiles;
-  if (!forced && (f != cuda::Family::sm90 || tpc != kMaxTpc || items * tpc < kMinWarps)) return false;
-  const size_t smem = static_cast<size_t>(layout(tpc, p.itype == Dtype::f32 ? 4 : 2).total) * sizeof(float);
-  if (smem > smem_cap) return false;
-  pl->ts = true;
-  pl->ts_tpc = tpc;
-  pl->ts_tiles = tiles;
-  pl->ts_items = items;
-  pl->ts_grid = static_cast<int>(items < kMaxGrid ? items : kMaxGrid);
-  const int64_t lc = p.seqlen < kChunk ? p.seqlen : kChunk;
-  pl->ts_ntc = static_cast<int>((lc + kTT - 1) / kTT);
-  pl->ts_smem = smem;
-  pl->ts_ck_bytes = static_cast<size_t>(pl->ts_grid) * pl->ts_ntc * kCh * tpc * sizeof(float4);
-  return true;
+static_assert(offsetof(Shape, tpc) == 116 && offsetof(Shape, ntc) == 124 && offsetof(Shape, tiles) == 128 &&
+                  offsetof(Shape, items) == 136 && sizeof(Shape) == 168,
+              "the parameter offsets the kernel was tuned with");
+inline Shape shape_of(const cuda::bwd_ts::Plan& pl) {
+  Shape s{};
+  s.tpc = pl.tpc;
+  s.ntc = pl.ntc;
+  s.tiles = pl.tiles;
+  s.items = pl.items;
+  return s;
 }
 
 // 4 consecutive itype values of a raw shared-memory row as floats.
@@ -148,7 +110,7 @@ __device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Plan pl, float4* ck) {
+__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck) {
   constexpr int isz = static_cast<int>(sizeof(T));
   constexpr int VE = 16 / isz;   // itype elements per 16-byte chunk
   constexpr int QPR = kTT / VE;  // chunks per raw tile row
@@ -157,7 +119,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   const Problem& p = args.p;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  const int TPC = pl.ts_tpc, NT = kCh * TPC, NP = TPC * kS;
+  const int TPC = pl.tpc, NT = kCh * TPC, NP = TPC * kS;
   const Layout lay = layout(TPC, isz);
   float* sDl = sm + lay.dl;
   float* sDu = sm + lay.du;
@@ -180,15 +142,15 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   const int64_t cpg = D / G;
   const bool varB = p.var_B, varC = p.var_C;
   const bool hasZ = p.z.p != nullptr, hasOz = hasZ && p.out_z.p != nullptr;
-  float4* myck = ck + static_cast<int64_t>(blockIdx.x) * pl.ts_ntc * NT + tid;  // [tile][NT]
+  float4* myck = ck + static_cast<int64_t>(blockIdx.x) * pl.ntc * NT + tid;  // [tile][NT]
 
   // Padded state columns (n >= N) of sB/sC stay 0: staging writes only n < N.
   for (int i = tid; i < 2 * kTT * NP; i += NT) sB[i] = 0.f;  // sB and sC are adjacent
 
-  for (int64_t item = blockIdx.x; item < pl.ts_items; item += gridDim.x) {
-    const int64_t tile = item % pl.ts_tiles;
-    const int64_t g = (item / pl.ts_tiles) % G;
-    const int64_t b = item / (pl.ts_tiles * G);
+  for (int64_t item = blockIdx.x; item < pl.items; item += gridDim.x) {
+    const int64_t tile = item % pl.tiles;
+    const int64_t g = (item / pl.tiles) % G;
+    const int64_t b = item / (pl.tiles * G);
     const int64_t c0 = g * cpg + tile * kCh;  // first channel of the block
     const int nch = static_cast<int>(cpg - tile * kCh < kCh ? cpg - tile * kCh : kCh);
     const bool cact = lane < nch;

@@ -6,18 +6,15 @@
 // half-warp, so the layouts keep those groups on distinct banks.
 #pragma once
 
-#if defined(__CUDACC__)
-#define SELSCAN_HD __host__ __device__
-#else
-#define SELSCAN_HD
-#endif
+#include "cuda/plans.h"  // the kernel's shape constants and SELSCAN_HD
 
 namespace selscan::kern::bwd::ts {
 
-constexpr int kCh = 32;        // channels per block; lane = channel
-constexpr int kTT = 16;        // steps per tile: a tile's per-thread state history (kTT x kS) lives in registers
-constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-aligned; the sweep's per-lane float4 reads
-                               // (8 channels a quarter-warp, 20 floats apart) are conflict-free
+using cuda::bwd_ts::kCh;
+using cuda::bwd_ts::kRedSlot;
+using cuda::bwd_ts::kRedWarp;
+using cuda::bwd_ts::kRow;
+using cuda::bwd_ts::kTT;
 
 // The per-warp dB/dC reduction buffer: step slot tt (4), lane row r (32, 8 floats each), value v (8). Slots are 264
 // floats apart, and row r holds its two float4 halves swapped when red_swz(r) (bit 2 of r differs from bit 4).
@@ -25,8 +22,6 @@ constexpr int kRow = kTT + 4;  // padded per-channel row of floats: float4-align
 // red_at(tt, r, 4)) to 8 different bank quads. Reads: the 32 lanes reading (slot, value) pairs of one row (or, with
 // 16 rows per output, of rows i and 16 + i) hit 32 different banks.
 SELSCAN_HD constexpr int red_swz(int r) { return ((r >> 2) ^ (r >> 4)) & 1; }
-constexpr int kRedSlot = 32 * 8 + 8;
-constexpr int kRedWarp = 4 * kRedSlot;
 SELSCAN_HD constexpr int red_at(int tt, int r, int v) { return tt * kRedSlot + r * 8 + (v ^ (red_swz(r) << 2)); }
 // The reduction's read of row r0 + i, r0 = 0 or 16, given base = red_at(tt, r0, v): the row's swizzle is red_swz(r0)
 // flipped by red_swz(i), known at compile time per i, so each read is base or base ^ 4 (the other half of the same

@@ -13,11 +13,11 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <string>
 
 #include "common.cuh"
+#include "cuda/launch.h"
+#include "cuda/plans.h"
 #include "errors.h"
 #include "fwd_ts.cuh"
 #include "launch_check.cuh"
@@ -25,20 +25,20 @@
 
 namespace selscan::kern {
 
-constexpr int kFwdMaxWarps = 8;   // channels per block
+constexpr int kFwdMaxWarps = cuda::fwd_warp::kMaxWarps;  // channels per block
 
 template <bool kComplex>
 struct FwdTraits;
 template <>
 struct FwdTraits<false> {
   using W = float;
-  static constexpr int kStateTile = 16;  // states of variable B/C staged per barrier pair
+  static constexpr int kStateTile = cuda::fwd_warp::kStateTileReal;  // states of variable B/C staged per barrier pair
   static constexpr int kCw = 1;          // floats per time step in a staged B/C row
 };
 template <>
 struct FwdTraits<true> {
   using W = float2;
-  static constexpr int kStateTile = 8;
+  static constexpr int kStateTile = cuda::fwd_warp::kStateTileComplex;
   static constexpr int kCw = 2;
 };
 
@@ -115,6 +115,7 @@ __device__ __forceinline__ float fwd_out_acc(float2 h, float2 c, float y) { retu
 // the constants of the state (A*log2e, the scale of b̄ and the output coefficient), so the state loop reads
 // them with broadcast loads instead of strided global loads.
 enum FwdSlot : int { kSlotP = 0, kSlotH, kSlotA, kSlotBs, kSlotCc, kSlots };
+static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/cuda/plans.h)");
 
 template <typename T, bool kComplex, int K, int kMinBlocks>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(const Problem p, int64_t tiles_per_group) {
@@ -309,69 +310,45 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
   }
 }
 
-// Launches one forward kernel of `blocks` blocks (1-D grid) with the shared checks; `per_block` channels per
-// block names the grid limit in the message.
+// One forward launch of a plan's grid: the kernel's shared-memory limit (raised once per device), the launch, its
+// status.
 template <typename Kernel, typename... Args>
-Status launch_checked(Kernel* kernel, int64_t blocks, int per_block, int threads, size_t smem, cudaStream_t stream,
-                      const Args&... args) {
-  if (blocks > 0x7fffffffLL)
-    return fail(SELSCAN_STATUS_UNSUPPORTED, "forward: batch * dim / " + std::to_string(per_block) +
-                                                " exceeds the CUDA grid limit (2^31 - 1 blocks)");
-  if (const Status s = set_smem(kernel, smem, "forward"); s != SELSCAN_STATUS_SUCCESS) return s;
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(args...);
+Status launch_fwd_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threads, size_t smem,
+                         const cuda::Launch& l, const Args&... args) {
+  if (const Status s = limit.raise(kernel, smem, l, "forward: cudaFuncSetAttribute(shared memory)");
+      s != SELSCAN_STATUS_SUCCESS)
+    return s;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, static_cast<cudaStream_t>(l.stream)>>>(args...);
   return launch_status("forward: launching the kernel");
 }
 
-// One configuration (K steps per lane, launch-bounds occupancy hint) of the forward for itype T.
-template <typename T, bool kComplex, int K, int kMinBlocks>
-Status launch_fwd_cfg(const Problem& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kComplex>;
-  const int64_t cpg = p.dim / p.groups;
-  const int warps = static_cast<int>(std::min<int64_t>(kFwdMaxWarps, cpg));
-  const int64_t tiles = (cpg + warps - 1) / warps;
-  const size_t stage = static_cast<size_t>(Tr::kStateTile) * K * Tr::kCw * 32 * sizeof(float);
-  const size_t smem = (p.var_B ? stage : 0) + (p.var_C ? stage : 0) +
-                      static_cast<size_t>(warps) * p.dstate * kSlots * sizeof(typename Tr::W);
-  return launch_checked(&fwd_kernel<T, kComplex, K, kMinBlocks>, p.batch * p.groups * tiles, warps, warps * 32, smem,
-                        stream, p, tiles);
+// The warp-scan forward with K steps per lane.
+template <typename T, bool kComplex, int K>
+Status launch_fwd_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
+  static SmemLimit limit;
+  return launch_fwd_kernel(&fwd_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks>, limit, w.blocks, w.warps * 32,
+                           w.smem, l, p, w.tiles_per_group);
 }
 
-// Which forward kernel runs (SELSCAN_FWD_KERNEL, see kernel_choice_from_env).
-inline KernelChoice fwd_choice() {
-  static const KernelChoice c = kernel_choice_from_env("SELSCAN_FWD_KERNEL");
-  return c;
+// The thread-states forward with its launch-bounds variant.
+template <typename T, int kMinBlocks>
+Status launch_fwd_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
+  static SmemLimit limit;
+  return launch_fwd_kernel(&ts::fwd_ts_kernel<T, kMinBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem, l,
+                           p, t.shape);
 }
 
-// The thread-states forward (fwd_ts.cuh) when it serves p; *used = false otherwise.
-template <typename T>
-Status launch_fwd_ts(const Problem& p, cudaStream_t stream, bool* used) {
-  *used = false;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR, "forward: cannot read the device's multiprocessor count");
-  ts::Cfg cfg;
-  if (!ts::plan(p, sms, Vec16<T>::kElems, fwd_choice() == KernelChoice::ts, &cfg)) return SELSCAN_STATUS_SUCCESS;
-  *used = true;
-  const size_t smem = static_cast<size_t>(ts::smem_floats(cfg, p.var_B, p.var_C)) * sizeof(float);
-  const int64_t warps = p.batch * p.dim * cfg.tpc / 32;
-  auto* kernel = warps > 16LL * sms ? &ts::fwd_ts_kernel<T, 5> : &ts::fwd_ts_kernel<T, 4>;
-  return launch_checked(kernel, p.batch * p.groups * cfg.tiles_per_group, cfg.ch, cfg.ch * cfg.tpc, smem, stream, p,
-                        cfg);
-}
-
-// The configuration the library ships per (itype, real/complex): the thread-states kernel where ts::plan accepts
-// the problem (real weights, the validated dstates, enough parallelism); the warp-scan kernel otherwise (see fwd_choice for the override).
+// The plan's kernel for itype T (src/cuda/select.cpp chose it).
 template <typename T, bool kComplex>
-Status launch_fwd_typed(const Problem& p, cudaStream_t stream) {
+Status launch_fwd_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
   if constexpr (kComplex) {
-    return launch_fwd_cfg<T, true, 8, 2>(p, stream);
+    return launch_fwd_warp<T, true, cuda::fwd_warp::kItemsComplex>(p, plan.warp, l);
   } else {
-    if (fwd_choice() != KernelChoice::warp) {
-      bool used = false;
-      const Status s = launch_fwd_ts<T>(p, stream, &used);
-      if (used || s != SELSCAN_STATUS_SUCCESS) return s;
-    }
-    return launch_fwd_cfg<T, false, 16, 2>(p, stream);
+    if (plan.kernel == cuda::FwdKernel::ts)
+      return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
+                 ? launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
+                 : launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
+    return launch_fwd_warp<T, false, cuda::fwd_warp::kItemsReal>(p, plan.warp, l);
   }
 }
 

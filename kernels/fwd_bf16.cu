@@ -3,8 +3,8 @@
 
 namespace selscan::kern {
 
-Status fwd_bf16(const Problem& p, cudaStream_t stream) {
-  return p.is_complex ? launch_fwd_typed<__nv_bfloat16, true>(p, stream) : launch_fwd_typed<__nv_bfloat16, false>(p, stream);
+Status fwd_bf16(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
+  return p.is_complex ? launch_fwd_typed<__nv_bfloat16, true>(p, plan, l) : launch_fwd_typed<__nv_bfloat16, false>(p, plan, l);
 }
 
 }  // namespace selscan::kern

@@ -3,8 +3,8 @@
 
 namespace selscan::kern {
 
-Status fwd_f32(const Problem& p, cudaStream_t stream) {
-  return p.is_complex ? launch_fwd_typed<float, true>(p, stream) : launch_fwd_typed<float, false>(p, stream);
+Status fwd_f32(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
+  return p.is_complex ? launch_fwd_typed<float, true>(p, plan, l) : launch_fwd_typed<float, false>(p, plan, l);
 }
 
 }  // namespace selscan::kern

@@ -22,38 +22,21 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "cuda/plans.h"
 #include "problem.h"
 
 namespace selscan::kern::ts {
 
-constexpr int kS = 4;  // states per thread (KS = 2 measured slower on every H200 row: more threads, more overhead)
-constexpr int kMaxThreads = 128;
-constexpr int kMaxTpc = 8;      // threads per channel: dstate <= kS * kMaxTpc = 32 (at 64 the warp-scan kernel
-                                // was faster: 0.909 vs 0.992 ms on 4x2048x2048:64)
-constexpr int kMinWarpsPerSm = 8;  // below this much parallelism the warp-scan kernel (fwd.cuh) is used
-
-// Launch shape, chosen on the host (launch_fwd_ts) and passed by value.
-struct Cfg {
-  int tpc = 1;                  // threads per channel
-  int ch = 1;                   // channels per block (blockDim.x = ch * tpc)
-  int tt = 8;                   // time steps per tile (8, 16 or 32; divides kChunk)
-  int64_t tiles_per_group = 1;  // channel tiles per group
-};
+using cuda::fwd_ts::kBcPad;
+using cuda::fwd_ts::kMaxThreads;
+using cuda::fwd_ts::kS;
+using Cfg = cuda::fwd_ts::Shape;  // the launch shape (src/cuda/plans.h)
 
 // Variable B/C tiles are [t][state] rows of tpc*kS floats. Each group of 2^vs steps (one staging vector: 8 in
 // fp16/bf16, 4 in fp32) starts 8 floats after the previous group's end: the staging threads of a warp store 8 states x
 // 4 such groups at once, which without the shift land on 8 banks (a 4-way conflict, 10% of all shared wavefronts on
 // 8x1536x2048:16). vs = 0: no shift (the register-starved variant, see fwd_ts_kernel). Rows stay 16-byte aligned.
-constexpr int kBcPad = (32 / 4 - 1) * 8;  // the last group's shift: tt <= 32 steps, groups of >= 4
 __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (vs ? (t >> vs) << 3 : 0); }
-
-// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] (+ kBcPad) when variable, y partials
-// [threads][tt+4], D u [ch][tt+4] (used for fp32 only, see kUdInSmem). Rows padded by 4 floats keep float4 alignment and spread banks.
-__host__ __device__ inline int64_t smem_floats(const Cfg& c, bool var_B, bool var_C) {
-  const int64_t row = c.tt + 4;
-  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS + kBcPad;
-  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
-}
 
 // The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
 // shared memory (sBk/sCk point at the thread's first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold
@@ -100,9 +83,8 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
   }
 }
 
-// MINB: the launch-bounds occupancy hint. 4 (128 registers, no spills) is fastest while the grid has at most
-// 16 warps per SM to offer; above that 5 (96 registers, spills outside the state loop) wins (H200:
-// 4x5120x2048:16 0.477 vs 0.622 ms; 8x1536x2048:16 0.414 vs 0.322 ms).
+// MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
+// loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
 template <typename T, int MINB>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
@@ -328,46 +310,6 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       static_cast<float*>(p.last_state.p)[b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2]] = hv;
     }
   }
-}
-
-// The launch shape for p on a device with `sms` multiprocessors, or false when this kernel should not serve p:
-// complex weights, dstate > kS * kMaxTpc, or too little parallelism (fewer than
-// kMinWarpsPerSm warps per SM: one long sequence, say), where the warp-scan kernel, which also spreads time over
-// lanes, is faster (H200: 1x2048x65536:16 8.56 ms here vs 2.25 ms; 1x5120x512:16 0.083 vs 0.058 ms).
-// Blocks shrink from 128 to 32 threads while that still leaves fewer than 4 blocks per SM or idle channels; the
-// tile is the longest whose staging takes one 16-byte vector per thread.
-// `forced` skips the parallelism rule (tests and benchmarks run this kernel on any shape it can serve).
-inline bool plan(const Problem& p, int sms, int vec_elems, bool forced, Cfg* out) {
-  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
-  Cfg c;
-  while (c.tpc * kS < p.dstate) c.tpc *= 2;
-  if (!forced && p.batch * p.dim * c.tpc < static_cast<int64_t>(kMinWarpsPerSm) * 32 * sms) return false;
-  // Every dstate <= 32 passes the forward matrix on this kernel (ts_dstate* cases, SELSCAN_FWD_KERNEL=ts), but only
-  // 4 threads per channel (dstate 13-16) measured faster than the warp-scan kernel (H200, bf16, 8x1536x2048:
-  // dstate 4 0.460 vs 0.200 ms, dstate 8 0.299 vs 0.277; 4x1536x2048:32 0.388 vs 0.374), so only those run here
-  // by default.
-  if (!forced && c.tpc != 4) return false;
-  const int64_t cpg = p.dim / p.groups;
-  const auto blocks = [&](int threads) {
-    const int64_t ch = threads / c.tpc;
-    return p.batch * p.groups * ((cpg + ch - 1) / ch);
-  };
-  int threads = kMaxThreads;
-  while (threads > 32 && (blocks(threads) < 4LL * sms || (threads / 2) / c.tpc >= cpg)) threads /= 2;
-  c.ch = threads / c.tpc;
-  c.tiles_per_group = (cpg + c.ch - 1) / c.ch;
-  c.tt = 0;
-  for (int tt : {32, 16, 8}) {
-    if (tt < vec_elems) break;
-    const int64_t vpr = tt / vec_elems;  // one 16-byte vector per thread: the u/delta and the B/C tiles fit
-    if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {
-      c.tt = tt;
-      break;
-    }
-  }
-  if (c.tt == 0) return false;
-  *out = c;
-  return true;
 }
 
 }  // namespace selscan::kern::ts

@@ -10,6 +10,7 @@
 #if SELSCAN_WITH_CUDA
 #  include "cuda/arch.h"
 #  include "cuda/launch.h"
+#  include "cuda/select.h"
 #endif
 
 namespace selscan {
@@ -22,8 +23,22 @@ Status not_built() {
 }
 
 #if SELSCAN_WITH_CUDA
-size_t cuda_workspace(Op op, const Problem& p, cuda::Family f) {
-  return op == Op::fwd ? cuda::fwd_workspace_bytes(p, f) : cuda::bwd_workspace_bytes(p, f);
+// The chosen kernels of one call: the device's cached properties and the plan of the op, decided once per call and
+// shared by the workspace query and the launch, so both see the same workspace size.
+struct CudaCall {
+  const cuda::DeviceProps* dev = nullptr;
+  cuda::FwdPlan fwd;
+  cuda::BwdPlan bwd;
+  size_t workspace = 0;
+};
+
+Status plan_call(Op op, const Problem& p, int32_t device, CudaCall* c) {
+  if (Status s = cuda::device_props(device, &c->dev); s != SELSCAN_STATUS_SUCCESS) return s;
+  const cuda::Overrides& force = cuda::env_overrides();
+  if (op == Op::fwd) return cuda::plan_fwd(p, *c->dev, force.fwd, &c->fwd);  // the forward needs no workspace
+  if (Status s = cuda::plan_bwd(p, *c->dev, force.bwd, &c->bwd); s != SELSCAN_STATUS_SUCCESS) return s;
+  c->workspace = c->bwd.total;
+  return SELSCAN_STATUS_SUCCESS;
 }
 #endif
 
@@ -34,9 +49,9 @@ Status workspace_size(Op op, const Problem& p, const selscan_exec_t& exec, size_
   *bytes = 0;
   if (exec.device_kind == SELSCAN_DEVICE_CPU) return SELSCAN_STATUS_SUCCESS;
 #if SELSCAN_WITH_CUDA
-  cuda::Family family{};
-  if (Status s = cuda::select_family(exec.device_index, &family); s != SELSCAN_STATUS_SUCCESS) return s;
-  *bytes = cuda_workspace(op, p, family);
+  CudaCall c;
+  if (Status s = plan_call(op, p, exec.device_index, &c); s != SELSCAN_STATUS_SUCCESS) return s;
+  *bytes = c.workspace;
   return SELSCAN_STATUS_SUCCESS;
 #else
   (void)op;
@@ -49,21 +64,20 @@ Status run(Op op, const Problem& p, const selscan_exec_t& exec) {
   if (exec.device_kind == SELSCAN_DEVICE_CPU)
     return op == Op::fwd ? cpu::fwd(p, exec.num_threads) : cpu::bwd(p, exec.num_threads);
 #if SELSCAN_WITH_CUDA
-  cuda::Family family{};
-  if (Status s = cuda::select_family(exec.device_index, &family); s != SELSCAN_STATUS_SUCCESS) return s;
-  const size_t need = cuda_workspace(op, p, family);
-  if (exec.workspace_bytes < need)
+  CudaCall c;
+  if (Status s = plan_call(op, p, exec.device_index, &c); s != SELSCAN_STATUS_SUCCESS) return s;
+  if (exec.workspace_bytes < c.workspace)
     return fail(SELSCAN_STATUS_WORKSPACE_TOO_SMALL,
                 fmt::format("exec.workspace_bytes: this call needs {} bytes of workspace, got {} (ask "
                             "selscan_{}_workspace_size)",
-                            need, exec.workspace_bytes, op == Op::fwd ? "fwd" : "bwd"));
-  if (need > 0 && exec.workspace == nullptr)
+                            c.workspace, exec.workspace_bytes, op == Op::fwd ? "fwd" : "bwd"));
+  if (c.workspace > 0 && exec.workspace == nullptr)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                fmt::format("exec.workspace: NULL, but this call needs {} bytes of workspace", need));
+                fmt::format("exec.workspace: NULL, but this call needs {} bytes of workspace", c.workspace));
   cuda::DeviceGuard guard(exec.device_index);
   if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
-  return op == Op::fwd ? cuda::launch_fwd(p, family, exec.stream, exec.workspace, exec.workspace_bytes)
-                       : cuda::launch_bwd(p, family, exec.stream, exec.workspace, exec.workspace_bytes);
+  const cuda::Launch launch{exec.stream, exec.device_index, c.dev->smem_optin, exec.workspace};
+  return op == Op::fwd ? cuda::launch_fwd(p, c.fwd, launch) : cuda::launch_bwd(p, c.bwd, launch);
 #else
   return not_built();
 #endif
@@ -83,8 +97,8 @@ Status check_device(int32_t device) {
 #if SELSCAN_WITH_CUDA
   if (device < 0)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("device_index: expected >= 0, got {}", device));
-  cuda::Family family{};
-  return cuda::select_family(device, &family);
+  const cuda::DeviceProps* dev = nullptr;
+  return cuda::device_props(device, &dev);
 #else
   (void)device;
   return not_built();

@@ -1,4 +1,5 @@
-// Problem + execution context -> an implementation: the CPU path, or the CUDA kernel family chosen for the device.
+// Problem + execution context -> an implementation: the CPU path, or the CUDA kernel chosen for the call and device
+// (src/cuda/select.h).
 #pragma once
 
 #include <cstddef>

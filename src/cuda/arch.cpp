@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -51,44 +52,76 @@ bool sass_runs(const Target& t, int cc) {
   return t.num / 10 == cc / 10 && t.num <= cc;
 }
 
-struct Cached {
-  Status status;
-  Family family;
+// One device's decision, made once. The table covers the ordinals any machine has; ordinals past it are looked up
+// in g_far under the lock (a slow path no real configuration takes).
+struct Entry {
+  std::atomic<bool> ready{false};
+  Status status = SELSCAN_STATUS_SUCCESS;
   std::string message;
+  DeviceProps props;
 };
+constexpr int kTableDevices = 64;
+Entry g_table[kTableDevices];
+std::mutex g_mutex;  // held only while a device is decided (and on the slow path)
+std::map<int, Entry> g_far;
 
-std::mutex g_mutex;
-std::map<int, Cached> g_cache;
+// "13.0" from 13000.
+std::string cuda_version_text(int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
 
-// sm_90 and sm_100 parts have about 227 KB of shared memory per block; sm_80 164 KB; sm_86/89 and the consumer
-// Blackwell parts (sm_120) 99 KB, so those take the sm80 family's smaller shared-memory budgets.
-Family family_for(int cc) {
-  if (cc >= 90 && cc < 120) return Family::sm90;
-  return cc >= 80 ? Family::sm80 : Family::generic;
+// How to get a build that this driver (supporting CUDA `driver_major`.x) runs.
+std::string older_build_hint(int driver_major) {
+  if (driver_major >= 12)
+    return fmt::format("CUDA 12.x builds run on R{}+ drivers: `cmake --workflow --preset cuda-12.4` (or cuda-12.8), "
+                       "or `pip install` from source with a CUDA 12.x nvcc on PATH", driver_floor(12));
+  if (driver_major == 11)
+    return fmt::format("CUDA 11.8 builds run on R{}+ drivers: `cmake --workflow --preset cuda-11.8`, or `pip install` "
+                       "from source with CUDA 11.8's nvcc on PATH", driver_floor(11));
+  return fmt::format("the oldest build this project supports, CUDA 11.8, needs R{}+", driver_floor(11));
 }
 
-Cached decide(int device) {
+// The message for a failed cudaGetDeviceCount. The runtime says "insufficient driver" both when libcuda cannot be
+// loaded at all and when the driver is older than the runtime; cudaDriverGetVersion tells them apart (0: no driver).
+std::string no_device_message(cudaError_t err) {
+  int dv = 0;
+  if (cudaDriverGetVersion(&dv) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dv = 0;
+  }
+  const int floor = driver_floor(CUDART_VERSION / 1000);
+  const std::string need = floor > 0 ? fmt::format("an NVIDIA driver of branch R{} or newer", floor)
+                                     : std::string("a newer NVIDIA driver");
+  if (dv <= 0 && (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice))
+    return fmt::format("no NVIDIA driver found (libcuda.so.1 could not be loaded): this libselscan was built with the "
+                       "CUDA {} runtime and needs {}; the CPU path (SELSCAN_DEVICE_CPU) needs none",
+                       SELSCAN_CUDA_VERSION, need);
+  if (err == cudaErrorInsufficientDriver)
+    return fmt::format("the NVIDIA driver supports CUDA {} but this libselscan was built with the CUDA {} runtime, "
+                       "which needs {}: update the driver, or build libselscan for this driver ({})",
+                       cuda_version_text(dv), SELSCAN_CUDA_VERSION, need, older_build_hint(dv / 1000));
+  return fmt::format("no usable CUDA device: {} ({})", cudaGetErrorString(err), static_cast<int>(err));
+}
+
+// Whether this build serves `device`, and its properties. Runs once per device.
+void decide(int device, Entry* e) {
+  const auto reject = [&](Status s, std::string msg) {
+    e->status = s;
+    e->message = std::move(msg);
+  };
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    if (err == cudaErrorInsufficientDriver)
-      return {SELSCAN_STATUS_NO_DEVICE, Family::generic,
-              fmt::format("the NVIDIA driver is older than the CUDA runtime this library was built with "
-                          "(CUDA {}): update the driver, or rebuild libselscan with an older toolkit preset",
-                          SELSCAN_CUDA_VERSION)};
-    return {SELSCAN_STATUS_NO_DEVICE, Family::generic,
-            fmt::format("no usable CUDA device: {} ({})", cudaGetErrorString(err), static_cast<int>(err))};
+    return reject(SELSCAN_STATUS_NO_DEVICE, no_device_message(err));
   }
-  if (device >= count)
-    return {SELSCAN_STATUS_NO_DEVICE, Family::generic,
-            fmt::format("device {} does not exist: {} CUDA device(s) visible", device, count)};
+  if (device < 0 || device >= count)
+    return reject(SELSCAN_STATUS_NO_DEVICE,
+                  fmt::format("device {} does not exist: {} CUDA device(s) visible", device, count));
   cudaDeviceProp prop{};
   err = cudaGetDeviceProperties(&prop, device);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return {SELSCAN_STATUS_CUDA_ERROR, Family::generic,
-            fmt::format("cudaGetDeviceProperties({}) failed: {}", device, cudaGetErrorString(err))};
+    return reject(SELSCAN_STATUS_CUDA_ERROR,
+                  fmt::format("cudaGetDeviceProperties({}) failed: {}", device, cudaGetErrorString(err)));
   }
   const int cc = prop.major * 10 + prop.minor;
   const auto sass = parse_targets(SELSCAN_CUDA_SASS);
@@ -105,21 +138,30 @@ Cached decide(int device) {
                                : fmt::format("PTX {}", join(ptx, "compute_")));
   const std::string rebuild = fmt::format("rebuild with SELSCAN_CUDA_ARCH_LIST='{}.{}'", prop.major, prop.minor);
   if (best_sass < 0 && best_ptx < 0)
-    return {SELSCAN_STATUS_ARCH_MISMATCH, Family::generic,
-            fmt::format("device {} is sm_{} ({}); {}; {}", device, cc, prop.name, carried, rebuild)};
+    return reject(SELSCAN_STATUS_ARCH_MISMATCH,
+                  fmt::format("device {} is sm_{} ({}); {}; {}", device, cc, prop.name, carried, rebuild));
 
   // Ask the driver which image it really loads (a PTX newer than the driver understands fails here).
   DeviceGuard guard(device);
-  if (guard.status() != SELSCAN_STATUS_SUCCESS)
-    return {guard.status(), Family::generic, last_error_message()};
+  if (guard.status() != SELSCAN_STATUS_SUCCESS) return reject(guard.status(), last_error_message());
   int bin = 0, ptxv = 0;
   const int perr = probe_image(&bin, &ptxv);
   if (perr != cudaSuccess)
-    return {SELSCAN_STATUS_ARCH_MISMATCH, Family::generic,
-            fmt::format("device {} is sm_{} ({}); {}; the driver could not load a kernel image: {}; {}{}", device,
-                        cc, prop.name, carried, cudaGetErrorString(static_cast<cudaError_t>(perr)), rebuild,
-                        best_sass < 0 ? " (or update the driver so it can JIT-compile the PTX)" : "")};
-  return {SELSCAN_STATUS_SUCCESS, family_for(bin > 0 ? bin : cc), ""};
+    return reject(SELSCAN_STATUS_ARCH_MISMATCH,
+                  fmt::format("device {} is sm_{} ({}); {}; the driver could not load a kernel image: {}; {}{}",
+                              device, cc, prop.name, carried, cudaGetErrorString(static_cast<cudaError_t>(perr)),
+                              rebuild, best_sass < 0 ? " (or update the driver so it can JIT-compile the PTX)" : ""));
+  e->status = SELSCAN_STATUS_SUCCESS;
+  e->props.ordinal = device;
+  e->props.cc = cc;
+  e->props.sms = prop.multiProcessorCount;
+  e->props.smem_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+}
+
+Status read(const Entry& e, const DeviceProps** props) {
+  if (e.status != SELSCAN_STATUS_SUCCESS) return fail(e.status, e.message);
+  *props = &e.props;
+  return SELSCAN_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -141,17 +183,25 @@ DeviceGuard::~DeviceGuard() {
   if (switched_) (void)cudaSetDevice(previous_);
 }
 
-Status select_family(int device, Family* family) {
-  Cached c;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_cache.find(device);
-    if (it == g_cache.end()) it = g_cache.emplace(device, decide(device)).first;
-    c = it->second;
+Status device_props(int device, const DeviceProps** props) {
+  if (device >= 0 && device < kTableDevices) {
+    Entry& e = g_table[device];
+    if (!e.ready.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (!e.ready.load(std::memory_order_relaxed)) {
+        decide(device, &e);
+        e.ready.store(true, std::memory_order_release);
+      }
+    }
+    return read(e, props);
   }
-  *family = c.family;
-  if (c.status != SELSCAN_STATUS_SUCCESS) return fail(c.status, c.message);
-  return SELSCAN_STATUS_SUCCESS;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Entry& e = g_far[device];
+  if (!e.ready.load(std::memory_order_relaxed)) {
+    decide(device, &e);
+    e.ready.store(true, std::memory_order_relaxed);
+  }
+  return read(e, props);
 }
 
 int device_count() {
@@ -161,6 +211,15 @@ int device_count() {
     return 0;
   }
   return count;
+}
+
+int driver_floor(int cuda_major) {
+  switch (cuda_major) {
+    case 13: return 580;
+    case 12: return 525;
+    case 11: return 450;
+    default: return 0;
+  }
 }
 
 std::string carried_targets() {

@@ -1,0 +1,209 @@
+// Launch plans of the CUDA kernels, one type per kernel family, and the shared-memory sizes that the host must know
+// before a launch. The kernel choice (src/cuda/select.cpp) fills a plan; the launchers (kernels/) execute it without
+// deciding anything; the kernels carve their shared memory with the same constants and layouts.
+// Host-compilable (no CUDA headers), so the CPU tests check the rules and layouts without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "problem.h"
+
+#if defined(__CUDACC__)
+#define SELSCAN_HD __host__ __device__
+#else
+#define SELSCAN_HD
+#endif
+
+namespace selscan::cuda {
+
+// ------------------------------------------------------------------------------- forward, warp-scan (fwd.cuh)
+// A warp per channel, up to kMaxWarps channels of one group per block; a lane holds K consecutive steps of a piece.
+namespace fwd_warp {
+constexpr int kMaxWarps = 8;
+constexpr int kMinBlocks = 2;  // launch-bounds occupancy hint
+// K steps per lane and the states of variable B/C staged per barrier pair, real and complex weights.
+constexpr int kItemsReal = 16, kItemsComplex = 8;
+constexpr int kStateTileReal = 16, kStateTileComplex = 8;
+constexpr int kSlots = 5;  // per warp and state in shared memory: running P and H, A, the B scale, the C coefficient
+
+// Dynamic shared memory of one block: the staged variable B/C rows of a state tile (fp32) and every warp's slots.
+inline size_t smem_bytes(bool cplx, bool var_B, bool var_C, int warps, int64_t dstate) {
+  const size_t cw = cplx ? 2 : 1;  // floats per weight
+  const size_t stage = static_cast<size_t>(cplx ? kStateTileComplex : kStateTileReal) *
+                       (cplx ? kItemsComplex : kItemsReal) * cw * 32 * sizeof(float);
+  return (var_B ? stage : 0) + (var_C ? stage : 0) +
+         static_cast<size_t>(warps) * static_cast<size_t>(dstate) * kSlots * cw * sizeof(float);
+}
+
+struct Plan {
+  int warps = 1;                // channels per block
+  int64_t tiles_per_group = 1;  // blocks per (batch, group); a kernel parameter
+  int64_t blocks = 0;           // batch * groups * tiles_per_group
+  size_t smem = 0;              // dynamic shared memory per block
+};
+}  // namespace fwd_warp
+
+// ------------------------------------------------------------------------- forward, thread-states (fwd_ts.cuh)
+// A thread runs kS states of one channel sequentially in time; tpc threads per channel, ch channels per block.
+namespace fwd_ts {
+constexpr int kS = 4;             // states per thread (2 measured slower on every row: twice the threads, more overhead)
+constexpr int kMaxThreads = 128;  // threads per block
+// Threads per channel: dstate <= kS * kMaxTpc = 32. At dstate 64 (16 threads per channel) the warp-scan kernel
+// measured faster: the epilogue sums 16 partials per output.
+constexpr int kMaxTpc = 8;
+// The two launch-bounds variants: 4 blocks per SM (128 registers, no spills) or 5 (96 registers).
+constexpr int kMinBlocksFew = 4, kMinBlocksMany = 5;
+// Variable B/C tiles are [step][state] rows; each group of one staging vector's steps starts 8 floats further
+// (kernels/fwd_ts.cuh, bc_row). The last group's shift: tt <= 32 steps in groups of >= 4.
+constexpr int kBcPad = (32 / 4 - 1) * 8;
+
+// The kernel's launch shape, passed to it by value.
+struct Shape {
+  int tpc = 1;                  // threads per channel
+  int ch = 1;                   // channels per block (blockDim.x = ch * tpc)
+  int tt = 8;                   // time steps per tile (8, 16 or 32; divides kChunk)
+  int64_t tiles_per_group = 1;  // channel tiles per group
+};
+
+// Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] (+ kBcPad) when variable, y partials
+// [threads][tt+4], D u [ch][tt+4] (read by the fp32 variant only). Rows padded by 4 floats keep float4 alignment.
+inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C) {
+  const int64_t row = c.tt + 4;
+  const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS + kBcPad;
+  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
+}
+
+struct Plan {
+  Shape shape;
+  int min_blocks = kMinBlocksFew;  // which launch-bounds variant
+  int64_t blocks = 0;              // batch * groups * shape.tiles_per_group
+  size_t smem = 0;
+};
+}  // namespace fwd_ts
+
+enum class FwdKernel : int { warp, ts };
+struct FwdPlan {
+  FwdKernel kernel = FwdKernel::warp;
+  fwd_warp::Plan warp;  // when kernel == warp
+  fwd_ts::Plan ts;      // when kernel == ts
+};
+
+// ------------------------------------------------------------------------------ backward, warp-scan (bwd.cuh)
+namespace bwd_warp {
+constexpr int kItems = 8;            // K: consecutive time steps per lane
+constexpr int kPiece = 32 * kItems;  // time steps per warp per piece
+constexpr int kPiecesPerChunk = static_cast<int>(kChunk / kPiece);
+constexpr int kMaxWarps = 8;         // channels per block
+static_assert(kChunk % kPiece == 0, "a piece must not straddle a chunk of x");
+
+// Shared memory of the main kernel, in floats:
+//   per warp: fc [kPiecesPerChunk][N], gcar [N], acc [nacc][N], pcache [4][N] (weights-typed)
+//   per warp, when `lane_acc`: lane partials [nacc][N][32]                (weights-typed)
+//   block: staged variable B/C rows, raw itype [2][nvar][stile][kPiece*cw] (double-buffered), reduction buffers
+//          [nvar][stile][warps][kPiece*cw] (fp32)
+struct SmemLayout {
+  int64_t per_warp, lane_acc_per_warp, stage, red, total;  // floats
+};
+SELSCAN_HD inline int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+SELSCAN_HD inline SmemLayout smem_layout(int64_t N, bool cplx, int nacc, int nvar, bool lane_acc, int warps, int stile,
+                                         int isz) {
+  const int64_t wsz = cplx ? 2 : 1;
+  SmemLayout l;
+  l.per_warp = round4((kPiecesPerChunk + 1 + nacc + 4) * N * wsz);
+  l.lane_acc_per_warp = lane_acc ? nacc * N * wsz * 32 : 0;
+  l.stage = 2 * static_cast<int64_t>(nvar) * stile * kPiece * wsz * isz / 4;  // two buffers of raw itype rows
+  l.red = static_cast<int64_t>(nvar) * stile * kPiece * wsz * warps;
+  l.total = warps * (l.per_warp + l.lane_acc_per_warp) + l.stage + l.red;
+  return l;
+}
+// Per-lane partials of the per-state sums avoid a warp reduction per state and piece; used when they are small.
+SELSCAN_HD inline bool use_lane_acc(int64_t N, bool cplx, int nacc) { return nacc * N * (cplx ? 2 : 1) <= 32; }
+
+struct Plan {
+  int warps = 1;                // channels per block
+  int stile = 1;                // states per variable-dB/dC reduction round (barrier pair)
+  int64_t tiles_per_group = 1;  // channel tiles of `warps` channels per group
+  int64_t slots = 1;            // blocks per (b, g)
+  int64_t tiles_per_slot = 1;   // channel tiles one block walks in turn
+  bool lane_acc = false;        // per-lane partials of the per-state sums
+  int64_t blocks = 0;           // batch * groups * slots, capped at the grid limit (the kernel loops over the rest)
+  size_t smem = 0;              // dynamic shared memory per block
+};
+}  // namespace bwd_warp
+
+// ------------------------------------------------------------------------- backward, thread-states (bwd_ts.cuh)
+// A block is kCh channels (lanes) x tpc warps; warp k holds states 4k..4k+3 of every channel.
+namespace bwd_ts {
+constexpr int kS = 4;           // states per thread
+constexpr int kMaxTpc = 4;      // warps per block: dstate <= 16
+constexpr int kCh = 32;         // channels per block; lane = channel
+constexpr int kTT = 16;         // steps per tile: a tile's per-thread state history (kTT x kS) lives in registers
+constexpr int kRow = kTT + 4;   // padded per-channel row of floats: float4-aligned; the sweep's per-lane float4 reads
+                                // (8 channels a quarter-warp, 20 floats apart) are conflict-free
+// The per-warp dB/dC reduction buffer: 4 step slots of 32 lane rows of 8 floats, each slot padded by 8 floats (the
+// index map, kernels/bwd_ts_layout.h, says why).
+constexpr int kRedSlot = 32 * 8 + 8;
+constexpr int kRedWarp = 4 * kRedSlot;
+constexpr int kMaxGrid = 1024;  // persistent grid cap; bounds the checkpoint workspace
+
+// Shared-memory layout in floats (host and device agree).
+struct Layout {
+  int dl, du, dt, u, sp, sB, sC, gu, aq, red, dB, dC, acc, eD, raw, total;
+};
+SELSCAN_HD inline Layout layout(int tpc, int isz) {
+  Layout l{};
+  const int ch = kCh * kRow, np = tpc * kS;
+  int o = 0;
+  l.dl = o; o += ch;   // delta' (after bias and softplus)      [ch][kRow]
+  l.du = o; o += ch;   // delta' u
+  l.dt = o; o += ch;   // dout after the z gate
+  l.u = o; o += ch;    // u
+  l.sp = o; o += ch;   // d softplus / d delta (1 without softplus)
+  l.sB = o; o += kTT * np;  // variable B, C as float [t][state]
+  l.sC = o; o += kTT * np;
+  l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
+  l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
+  l.red = o; o += tpc * kRedWarp;    // per warp: four steps of 8 dB/dC values per lane (red_at)
+  l.dB = o; o += np * kTT;           // the block's dB/dC sums of the tile [state][t]
+  l.dC = o; o += np * kTT;
+  l.acc = o; o += 3 * kCh * tpc * kS;  // per thread: constant-B/C and dA sums [3][threads][kS]
+  l.eD = o; o += 2 * kCh * kTT / 4;    // per (channel, 4 steps): dD and ddelta_bias shares [2][ch * kTT/4]
+  o = (o + 3) / 4 * 4;
+  l.raw = o;  // raw itype rows: u, delta, dout, z, out [5][ch][kTT]; B, C [2][np][kTT]
+  o += (5 * kCh * kTT * isz + 2 * np * kTT * isz + 3) / 4;
+  l.total = o;
+  return l;
+}
+
+// The launch shape (the kernel receives its tpc, ntc, tiles and items, kernels/bwd_ts.cuh: Shape).
+struct Plan {
+  int threads = 0;        // per block: kCh * tpc
+  int tpc = 0;            // warps per block (threads per channel)
+  int grid = 0;           // blocks (persistent: each walks work items)
+  int ntc = 0;            // tiles per chunk
+  int64_t tiles = 0;      // channel tiles per group
+  int64_t items = 0;      // work items (b, g, tile)
+  size_t smem = 0;        // dynamic shared memory per block
+  size_t ck_bytes = 0;    // checkpoint workspace
+};
+}  // namespace bwd_ts
+
+enum class BwdKernel : int { warp, ts };
+struct BwdPlan {
+  BwdKernel kernel = BwdKernel::warp;
+  bwd_warp::Plan warp;  // when kernel == warp
+  bwd_ts::Plan ts;      // when kernel == ts
+  // Shared by both kernels: the per-state accumulators of dA and constant dB/dC, the variable dB/dC images and the
+  // workspace that holds them.
+  int nacc = 1;              // per-state accumulators: dA [, accB] [, accC]
+  int accB = -1, accC = -1;  // their index, or -1 when not needed
+  bool det_var = false;      // variable dB/dC as per-slot (warp) or per-tile (ts) images: deterministic mode
+  int64_t images = 1;        // variable dB/dC images per tensor, summed in order by the conversion
+  int64_t var_elems = 0;     // Bt*G*N*Lp floats of one variable dB/dC image
+  int64_t var_row = 0;       // Lp = L*cw rounded up to a multiple of 4 (whole float4 atomics)
+  size_t off_pw = 0, off_ps = 0, off_vb = 0, off_vc = 0, off_ck = 0, total = 0;  // workspace layout (bytes)
+  size_t zero_bytes = 0;     // bytes from off_vb that start at 0 (the atomically summed images), or 0
+};
+
+}  // namespace selscan::cuda

@@ -1,0 +1,283 @@
+#include "cuda/select.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace selscan::cuda {
+namespace {
+
+// ------------------------------------------------------------------------------------------- thresholds
+// Every number that decides which kernel runs, or how it is laid out. The measurements named are in
+// docs/performance.md (optimisation log); all were taken on the H200.
+
+// Shared-memory classes by the per-block opt-in limit: 227 KB (sm_90, sm_100), 99-163 KB (sm_80/87: 163 KB; sm_86/89
+// and the consumer Blackwell parts, sm_120: 99 KB), below (sm_75: 64 KB, sm_70: 96 KB).
+constexpr int64_t kLargeSmemOptin = 227 * 1024;
+constexpr int64_t kMediumSmemOptin = 99 * 1024;
+
+// Forward. The thread-states kernel needs at least this many warps per SM: below it the warp-scan kernel, which also
+// spreads time over lanes, measured faster (1x2048x65536:16 and 1x5120x512:16, 2 and 5 warps per SM).
+constexpr int64_t kFwdTsMinWarpsPerSm = 8;
+// By default the thread-states forward serves 4 threads per channel (dstate 13-16) only: it serves every dstate up to
+// 32 correctly, but at dstate 4, 8 and 32 the warp-scan kernel measured faster (8x1536x2048:{4,8}, 4x1536x2048:32).
+constexpr int kFwdTsDefaultTpc = 4;
+// Above this many warps per SM the thread-states forward takes its 5-blocks-per-SM variant (96 registers), below it
+// the 4-blocks one (128 registers): each measured faster on its side (4x5120x2048:16 at 19 warps per SM,
+// 8x1536x2048:16 at 11.6; launch bounds 4, 5 and 6 compared).
+constexpr int64_t kFwdTsManyWarpsPerSm = 16;
+// Thread-states forward blocks halve from 128 threads while the grid would have fewer blocks than this per SM, so
+// small grids still spread over every SM (a design choice, not tuned).
+constexpr int64_t kFwdTsMinBlocksPerSm = 4;
+
+// Backward. The thread-states kernel by default: 4 warps per 32-channel tile (dstate 13-16), calls of at least
+// kBwdTsMinWarps warps, on large-class GPUs (the H200 is the one measured). 1x2048x65536:16 (256 warps) and
+// 1x5120x512:16 (640) measured faster on the warp-scan backward; the 1536-warp rows faster on the thread-states one.
+constexpr int kBwdTsDefaultTpc = 4;
+constexpr int64_t kBwdTsMinWarps = 1024;
+// The warp-scan backward's shared memory per block by class: its launch bounds ask for 2 blocks per SM, so on
+// large-class parts a block's staging rounds get about 100 KB and the per-warp state arrays the rest up to 200 KB;
+// the smaller classes scale down with their limit (design choices, not tuned).
+constexpr size_t kBwdBlockSmem[] = {64 * 1024, 96 * 1024, 200 * 1024};     // small, medium, large
+constexpr int64_t kBwdStagingSmem[] = {32 * 1024, 48 * 1024, 80 * 1024};   // staged B/C rows + reduction buffers
+// At most this many states per staging round of variable B/C (a design choice, not tuned).
+constexpr int kBwdMaxStateTile = 8;
+// Blocks the deterministic warp-scan backward aims for when it trades parallelism for fewer partial images: about 4
+// per SM on a 132-SM part (a design choice, not tuned).
+constexpr int64_t kDetTargetBlocks = 512;
+
+constexpr int64_t kMaxGridBlocks = 0x7fffffff;  // CUDA's grid.x limit
+constexpr size_t kWorkspaceAlign = 256;         // every workspace region starts on a 256-byte boundary
+
+size_t align_up(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int itype_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
+
+// Failure messages (the only formatting here; no fmt, so the CPU tests link this file alone).
+Status too_many_blocks(const char* dir, int per_block) {
+  return fail(SELSCAN_STATUS_UNSUPPORTED, std::string(dir) + ": batch * dim / " + std::to_string(per_block) +
+                                              " exceeds the CUDA grid limit (2^31 - 1 blocks)");
+}
+
+Status smem_over_limit(const char* what, size_t need, const DeviceProps& dev) {
+  return fail(SELSCAN_STATUS_UNSUPPORTED, std::string(what) + ": needs " + std::to_string(need) +
+                                              " bytes of shared memory per block, device " +
+                                              std::to_string(dev.ordinal) + " allows " +
+                                              std::to_string(dev.smem_optin));
+}
+
+// ------------------------------------------------------------------------------------------- forward
+// The thread-states forward's shape for p, or false where it should not serve p: complex weights, dstate > 32, and
+// unless `forced`, too little parallelism or a dstate outside the default range.
+bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::Plan* out) {
+  using namespace fwd_ts;
+  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+  Shape c;
+  while (c.tpc * kS < p.dstate) c.tpc *= 2;
+  const int64_t warps = p.batch * p.dim * c.tpc / 32;
+  if (!forced && p.batch * p.dim * c.tpc < kFwdTsMinWarpsPerSm * 32 * dev.sms) return false;
+  if (!forced && c.tpc != kFwdTsDefaultTpc) return false;
+  const int64_t cpg = p.channels_per_group();
+  const auto blocks = [&](int threads) {
+    const int64_t ch = threads / c.tpc;
+    return p.batch * p.groups * ceil_div(cpg, ch);
+  };
+  int threads = kMaxThreads;
+  while (threads > 32 && (blocks(threads) < kFwdTsMinBlocksPerSm * dev.sms || (threads / 2) / c.tpc >= cpg))
+    threads /= 2;
+  c.ch = threads / c.tpc;
+  c.tiles_per_group = ceil_div(cpg, c.ch);
+  // The longest tile whose staging takes one 16-byte vector per thread for the u/delta and the B/C tiles.
+  const int vec_elems = 16 / itype_bytes(p.itype);
+  c.tt = 0;
+  for (int tt : {32, 16, 8}) {
+    if (tt < vec_elems) break;
+    const int64_t vpr = tt / vec_elems;
+    if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {
+      c.tt = tt;
+      break;
+    }
+  }
+  if (c.tt == 0) return false;
+  out->shape = c;
+  out->min_blocks = warps > kFwdTsManyWarpsPerSm * dev.sms ? kMinBlocksMany : kMinBlocksFew;
+  out->blocks = p.batch * p.groups * c.tiles_per_group;
+  out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
+  return true;
+}
+
+fwd_warp::Plan fwd_warp_plan(const Problem& p) {
+  using namespace fwd_warp;
+  Plan w;
+  const int64_t cpg = p.channels_per_group();
+  w.warps = static_cast<int>(std::min<int64_t>(kMaxWarps, cpg));
+  w.tiles_per_group = ceil_div(cpg, w.warps);
+  w.blocks = p.batch * p.groups * w.tiles_per_group;
+  w.smem = smem_bytes(p.is_complex, p.var_B, p.var_C, w.warps, p.dstate);
+  return w;
+}
+
+// ------------------------------------------------------------------------------------------- backward
+// The thread-states backward's shape for p, or false where it should not serve p: complex weights, dstate > 16, a
+// layout over the class's block budget (fp32 on small-class parts), and unless `forced`, anything but the default
+// range above.
+bool bwd_ts_plan(const Problem& p, SmemClass cls, bool forced, bwd_ts::Plan* out) {
+  using namespace bwd_ts;
+  if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+  int tpc = 1;
+  while (tpc * kS < p.dstate) tpc *= 2;
+  const int64_t tiles = ceil_div(p.channels_per_group(), kCh);
+  const int64_t items = p.batch * p.groups * tiles;
+  if (!forced && (cls != SmemClass::large || tpc != kBwdTsDefaultTpc || items * tpc < kBwdTsMinWarps)) return false;
+  const size_t smem = static_cast<size_t>(layout(tpc, itype_bytes(p.itype)).total) * sizeof(float);
+  if (smem > kBwdBlockSmem[static_cast<int>(cls)]) return false;
+  out->threads = kCh * tpc;
+  out->tpc = tpc;
+  out->tiles = tiles;
+  out->items = items;
+  out->grid = static_cast<int>(std::min<int64_t>(items, kMaxGrid));
+  const int64_t lc = std::min(p.seqlen, kChunk);
+  out->ntc = static_cast<int>(ceil_div(lc, kTT));
+  out->smem = smem;
+  out->ck_bytes = static_cast<size_t>(out->grid) * out->ntc * kCh * tpc * 4 * sizeof(float);
+  return true;
+}
+
+bwd_warp::Plan bwd_warp_plan(const Problem& p, SmemClass cls, int nacc, int nvar, bool det_var) {
+  using namespace bwd_warp;
+  Plan w;
+  const bool cplx = p.is_complex;
+  const int64_t wsz = cplx ? 2 : 1;
+  const int isz = itype_bytes(p.itype);
+  w.lane_acc = use_lane_acc(p.dstate, cplx, nacc);
+  const int64_t cpg = p.channels_per_group();
+  // Channels per block: as many as the group has (up to 8) and the shared memory allows.
+  int warps = kMaxWarps;
+  while (warps > 1 && warps / 2 >= cpg) warps /= 2;
+  const size_t cap = kBwdBlockSmem[static_cast<int>(cls)];
+  const auto bytes = [&](int nw, int s) {
+    return static_cast<size_t>(smem_layout(p.dstate, cplx, nacc, nvar, w.lane_acc, nw, s, isz).total) * sizeof(float);
+  };
+  while (warps > 1 && bytes(warps, 1) > cap) warps /= 2;
+  int stile = static_cast<int>(p.dstate);  // without variable B/C the state loop has no barriers
+  if (nvar > 0) {
+    const int64_t per_state = static_cast<int64_t>(nvar) * kPiece * wsz * (warps * 4 + 2 * isz);
+    stile = static_cast<int>(std::clamp<int64_t>(kBwdStagingSmem[static_cast<int>(cls)] / per_state, 1,
+                                                 std::min<int64_t>(p.dstate, kBwdMaxStateTile)));
+    while (stile > 1 && bytes(warps, stile) > cap) --stile;
+  }
+  w.warps = warps;
+  w.stile = stile;
+  w.smem = bytes(warps, stile);
+  w.tiles_per_group = ceil_div(cpg, warps);
+  if (det_var) {
+    const int64_t want = std::max<int64_t>(1, ceil_div(kDetTargetBlocks, p.batch * p.groups));
+    const int64_t slots = std::min(w.tiles_per_group, want);
+    w.tiles_per_slot = ceil_div(w.tiles_per_group, slots);
+    w.slots = ceil_div(w.tiles_per_group, w.tiles_per_slot);
+  } else {
+    w.slots = w.tiles_per_group;
+    w.tiles_per_slot = 1;
+  }
+  w.blocks = std::min(p.batch * p.groups * w.slots, kMaxGridBlocks);
+  return w;
+}
+
+}  // namespace
+
+Force parse_force(const char* value) {
+  if (value == nullptr) return Force::none;
+  if (std::strcmp(value, "warp") == 0) return Force::warp;
+  if (std::strcmp(value, "ts") == 0) return Force::ts;
+  return Force::none;
+}
+
+const Overrides& env_overrides() {
+  static const Overrides o{parse_force(std::getenv("SELSCAN_FWD_KERNEL")),
+                           parse_force(std::getenv("SELSCAN_BWD_KERNEL"))};
+  return o;
+}
+
+SmemClass smem_class(int64_t smem_optin) {
+  if (smem_optin >= kLargeSmemOptin) return SmemClass::large;
+  return smem_optin >= kMediumSmemOptin ? SmemClass::medium : SmemClass::small;
+}
+
+Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* out) {
+  FwdPlan plan;
+  int64_t blocks = 0;
+  int per_block = 0;
+  size_t smem = 0;
+  if (force != Force::warp && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
+    plan.kernel = FwdKernel::ts;
+    blocks = plan.ts.blocks;
+    per_block = plan.ts.shape.ch;
+    smem = plan.ts.smem;
+  } else {
+    plan.kernel = FwdKernel::warp;
+    plan.warp = fwd_warp_plan(p);
+    blocks = plan.warp.blocks;
+    per_block = plan.warp.warps;
+    smem = plan.warp.smem;
+  }
+  if (blocks > kMaxGridBlocks) return too_many_blocks("forward", per_block);
+  if (static_cast<int64_t>(smem) > dev.smem_optin)
+    return smem_over_limit(plan.kernel == FwdKernel::ts ? "forward (thread-states kernel)" : "forward (warp-scan kernel)",
+                           smem, dev);
+  *out = plan;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out) {
+  BwdPlan pl;
+  const int64_t wsz = p.is_complex ? 2 : 1;
+  const int nvar = (p.var_B ? 1 : 0) + (p.var_C ? 1 : 0);
+  pl.nacc = 1;
+  if (!p.var_B) pl.accB = pl.nacc++;
+  if (!p.var_C) pl.accC = pl.nacc++;
+  // Deterministic variable dB/dC: one image per slot (warp-scan) or per 32-channel tile (thread-states), each stored
+  // whole by one block; the conversion adds the images in order.
+  pl.det_var = p.deterministic && nvar > 0;
+  const SmemClass cls = smem_class(dev.smem_optin);
+  size_t smem = 0;
+  if (force != Force::warp && bwd_ts_plan(p, cls, force == Force::ts, &pl.ts)) {
+    pl.kernel = BwdKernel::ts;
+    pl.images = pl.det_var ? pl.ts.tiles : 1;
+    smem = pl.ts.smem;
+  } else {
+    pl.kernel = BwdKernel::warp;
+    pl.warp = bwd_warp_plan(p, cls, pl.nacc, nvar, pl.det_var);
+    pl.images = pl.det_var ? pl.warp.slots : 1;
+    smem = pl.warp.smem;
+  }
+  if (static_cast<int64_t>(smem) > dev.smem_optin)
+    return smem_over_limit(pl.kernel == BwdKernel::ts ? "backward (thread-states kernel)" : "backward (warp-scan kernel)",
+                           smem, dev);
+
+  // Workspace: per-(b,d) partials of the per-state sums [nacc][Bt][D][N] (weights-typed) and of dD, ddelta_bias
+  // [2][Bt][D]; the variable dB, dC images [images][Bt][G][N][Lp]; the thread-states kernel's tile checkpoints.
+  pl.var_row = (p.seqlen * wsz + 3) / 4 * 4;
+  pl.var_elems = p.batch * p.groups * p.dstate * pl.var_row;
+  const size_t img = static_cast<size_t>(pl.var_elems) * sizeof(float) * static_cast<size_t>(pl.images);
+  size_t off = 0;
+  pl.off_pw = off;
+  off = align_up(off + static_cast<size_t>(pl.nacc) * p.batch * p.dim * p.dstate * wsz * sizeof(float));
+  pl.off_ps = off;
+  off = align_up(off + 2 * static_cast<size_t>(p.batch * p.dim) * sizeof(float));
+  pl.off_vb = off;
+  if (p.var_B) off = align_up(off + img);
+  pl.off_vc = off;
+  if (p.var_C) off = align_up(off + img);
+  // Summed with atomics, so they start at 0: both images (adjacent) with one memset.
+  if (nvar > 0 && !pl.det_var) pl.zero_bytes = (p.var_C ? pl.off_vc : pl.off_vb) + img - pl.off_vb;
+  if (pl.kernel == BwdKernel::ts) {
+    pl.off_ck = off;
+    off = align_up(off + pl.ts.ck_bytes);
+  }
+  pl.total = off;
+  *out = pl;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+}  // namespace selscan::cuda

@@ -1,0 +1,288 @@
+// The kernel choice (src/cuda/select.cpp), checked on the CPU: which kernel serves a call and with what plan, for
+// the benchmark rows and at every threshold's edges, on the shared-memory classes of real GPUs. Each expected value
+// below is worked out by hand from the rules in docs/architecture.md ("Kernel selection"), not read off the code.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/select.h"
+#include "errors.h"
+#include "problem.h"
+
+namespace selscan_test {
+namespace {
+
+using selscan::Dtype;
+using selscan::Problem;
+namespace cuda = selscan::cuda;
+
+// Device properties as cudaGetDeviceProperties reports them (sharedMemPerBlockOptin).
+constexpr cuda::DeviceProps kH200{0, 90, 132, 232448};
+constexpr cuda::DeviceProps kA100{0, 80, 108, 166912};
+constexpr cuda::DeviceProps kT4{0, 75, 40, 65536};
+
+struct Shape {
+  int64_t batch, dim, seqlen, dstate;
+  Dtype itype = Dtype::bf16;
+  bool var = true;  // variable B and C (else both constant)
+  bool cplx = false;
+  bool det = false;
+  int64_t groups = 1;
+};
+
+Problem problem(const Shape& s) {
+  Problem p{};
+  p.batch = s.batch;
+  p.dim = s.dim;
+  p.seqlen = s.seqlen;
+  p.dstate = s.dstate;
+  p.groups = s.groups;
+  p.nchunks = (s.seqlen + selscan::kChunk - 1) / selscan::kChunk;
+  p.itype = s.itype;
+  p.is_complex = s.cplx;
+  p.var_B = p.var_C = s.var;
+  p.deterministic = s.det;
+  p.fold_B = !s.var;
+  return p;
+}
+
+std::string name(const Shape& s) {
+  return std::to_string(s.batch) + "x" + std::to_string(s.dim) + "x" + std::to_string(s.seqlen) + ":" +
+         std::to_string(s.dstate);
+}
+
+TEST(KernelChoice, OverrideValues) {
+  EXPECT_EQ(cuda::parse_force("warp"), cuda::Force::warp);
+  EXPECT_EQ(cuda::parse_force("ts"), cuda::Force::ts);
+  EXPECT_EQ(cuda::parse_force("auto"), cuda::Force::none);
+  EXPECT_EQ(cuda::parse_force(""), cuda::Force::none);
+  EXPECT_EQ(cuda::parse_force("TS"), cuda::Force::none);
+  EXPECT_EQ(cuda::parse_force(nullptr), cuda::Force::none);
+}
+
+// The classes by opt-in shared memory give the same budgets the kernels had by compute capability (sm_90 to sm_11x:
+// the large budgets; sm_80 to sm_89 and sm_12x: medium; older: small) on every part listed.
+TEST(KernelChoice, SharedMemoryClassesOfRealGpus) {
+  struct Row {
+    const char* gpu;
+    int64_t optin;
+    cuda::SmemClass want;
+  };
+  const Row rows[] = {
+      {"H100/H200 (sm_90)", 232448, cuda::SmemClass::large}, {"B200 (sm_100)", 232448, cuda::SmemClass::large},
+      {"A100 (sm_80)", 166912, cuda::SmemClass::medium},      {"Orin (sm_87)", 166912, cuda::SmemClass::medium},
+      {"RTX 4090, L4 (sm_89)", 101376, cuda::SmemClass::medium}, {"A10 (sm_86)", 101376, cuda::SmemClass::medium},
+      {"RTX 5090 (sm_120)", 101376, cuda::SmemClass::medium}, {"V100 (sm_70)", 98304, cuda::SmemClass::small},
+      {"T4 (sm_75)", 65536, cuda::SmemClass::small},
+  };
+  for (const Row& r : rows) EXPECT_EQ(cuda::smem_class(r.optin), r.want) << r.gpu;
+}
+
+// ------------------------------------------------------------------------------------------------ forward
+struct FwdRow {
+  Shape s;
+  cuda::DeviceProps dev;
+  cuda::Force force;
+  cuda::FwdKernel kernel;
+  // thread-states: tpc, ch, tt, tiles per group, min blocks; warp-scan: warps, tiles per group (rest 0)
+  int a, b, c;
+  int64_t tiles;
+  int minb;
+  int64_t blocks;
+  size_t smem;
+};
+
+TEST(KernelChoice, Forward) {
+  using cuda::Force;
+  constexpr auto ts = cuda::FwdKernel::ts;
+  constexpr auto warp = cuda::FwdKernel::warp;
+  const FwdRow rows[] = {
+      // The issue #4 rows on the H200. Row 1: 1536 warps (11.6 per SM) -> thread-states, 64-thread blocks (128 would
+      // leave 384 blocks, under 4 per SM), 32-step tiles, the 4-blocks-per-SM variant.
+      {{8, 1536, 2048, 16}, kH200, Force::none, ts, 4, 16, 32, 96, 4, 768, 20672},
+      // Row 2: 2560 warps (19.4 per SM, over 16) -> the 5-blocks-per-SM variant; 128-thread blocks.
+      {{4, 5120, 2048, 16}, kH200, Force::none, ts, 4, 32, 32, 160, 5, 640, 36800},
+      // Rows 3 and 4: 256 and 640 warps, under 8 per SM -> warp-scan (8 warps a block, two staged 32 KB B/C tiles).
+      {{1, 2048, 65536, 16}, kH200, Force::none, warp, 8, 0, 0, 256, 0, 256, 68096},
+      {{1, 5120, 512, 16}, kH200, Force::none, warp, 8, 0, 0, 640, 0, 640, 68096},
+      // Row 5 (fp32): 4-element vectors, so 16-step tiles at 64 threads.
+      {{8, 1536, 2048, 16, Dtype::f32}, kH200, Force::none, ts, 4, 16, 16, 96, 4, 768, 11456},
+      // Row 6: dstate 64 is past the thread-states kernel's 32.
+      {{4, 2048, 2048, 64}, kH200, Force::none, warp, 8, 0, 0, 256, 0, 1024, 75776},
+      // dstate 8 has a large grid but 2 threads per channel: not the default range.
+      {{8, 1536, 2048, 8}, kH200, Force::none, warp, 8, 0, 0, 192, 0, 1536, 66816},
+      // The parallelism edge: B*D*tpc against 8 warps * 32 * 132 SMs = 33792 threads (128-thread blocks would be 264,
+      // under 4 per SM, so 64-thread blocks).
+      {{1, 8448, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 528, 4, 528, 20672},
+      {{1, 8440, 512, 16}, kH200, Force::none, warp, 8, 0, 0, 1055, 0, 1055, 68096},
+      // The variant edge: 2112 warps is 16 per SM (4 blocks), 2113 is over (5 blocks).
+      {{1, 16896, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 528, 4, 528, 36800},
+      {{1, 16904, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 529, 5, 529, 36800},
+      // Forced: the thread-states kernel on a tiny call (dstate 8: 2 threads per channel; blocks shrink to 32
+      // threads), constant B/C; the warp-scan kernel on row 1.
+      {{1, 64, 100, 8, Dtype::f16, false}, kH200, Force::ts, ts, 2, 16, 16, 4, 4, 4, 6400},
+      {{8, 1536, 2048, 16}, kH200, Force::warp, warp, 8, 0, 0, 192, 0, 1536, 68096},
+      // Complex weights always take the warp-scan kernel (K = 8, 8-state tiles of float2), forced or not.
+      {{2, 64, 300, 16, Dtype::f32, true, true}, kH200, Force::ts, warp, 8, 0, 0, 8, 0, 16, 37888},
+      // Fewer SMs lower the bar: row 4 on a 40-SM part is 16 warps per SM.
+      {{1, 5120, 512, 16}, kT4, Force::none, ts, 4, 32, 32, 160, 4, 160, 36800},
+  };
+  for (const FwdRow& r : rows) {
+    SCOPED_TRACE(name(r.s));
+    cuda::FwdPlan plan;
+    ASSERT_EQ(cuda::plan_fwd(problem(r.s), r.dev, r.force, &plan), SELSCAN_STATUS_SUCCESS)
+        << selscan::last_error_message();
+    ASSERT_EQ(plan.kernel, r.kernel);
+    if (r.kernel == ts) {
+      EXPECT_EQ(plan.ts.shape.tpc, r.a);
+      EXPECT_EQ(plan.ts.shape.ch, r.b);
+      EXPECT_EQ(plan.ts.shape.tt, r.c);
+      EXPECT_EQ(plan.ts.shape.tiles_per_group, r.tiles);
+      EXPECT_EQ(plan.ts.min_blocks, r.minb);
+      EXPECT_EQ(plan.ts.blocks, r.blocks);
+      EXPECT_EQ(plan.ts.smem, r.smem);
+    } else {
+      EXPECT_EQ(plan.warp.warps, r.a);
+      EXPECT_EQ(plan.warp.tiles_per_group, r.tiles);
+      EXPECT_EQ(plan.warp.blocks, r.blocks);
+      EXPECT_EQ(plan.warp.smem, r.smem);
+    }
+  }
+}
+
+TEST(KernelChoice, ForwardRefusesWhatNoGridHolds) {
+  // 3e9 sequences of one channel: thread-states blocks of 8 channels, warp-scan blocks of 1; both > 2^31 - 1.
+  const Problem p = problem({3000000000LL, 1, 64, 16});
+  cuda::FwdPlan plan;
+  EXPECT_EQ(cuda::plan_fwd(p, kH200, cuda::Force::none, &plan), SELSCAN_STATUS_UNSUPPORTED);
+  EXPECT_NE(std::string(selscan::last_error_message()).find("batch * dim / 8 exceeds the CUDA grid limit"),
+            std::string::npos)
+      << selscan::last_error_message();
+  EXPECT_EQ(cuda::plan_fwd(p, kH200, cuda::Force::warp, &plan), SELSCAN_STATUS_UNSUPPORTED);
+  EXPECT_NE(std::string(selscan::last_error_message()).find("batch * dim / 1 exceeds"), std::string::npos);
+}
+
+TEST(KernelChoice, ForwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
+  // Complex, dstate 256, variable B/C: 32 KB of staged rows + 8 warps x 256 states x 5 slots x 8 bytes = 112 KB.
+  const Problem p = problem({1, 64, 64, 256, Dtype::f32, true, true});
+  cuda::FwdPlan plan;
+  ASSERT_EQ(cuda::plan_fwd(p, kH200, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
+  EXPECT_EQ(plan.warp.smem, 114688u);
+  EXPECT_EQ(cuda::plan_fwd(p, kT4, cuda::Force::none, &plan), SELSCAN_STATUS_UNSUPPORTED);
+  EXPECT_NE(std::string(selscan::last_error_message()).find("needs 114688 bytes of shared memory per block, device 0 allows 65536"),
+            std::string::npos)
+      << selscan::last_error_message();
+}
+
+// ------------------------------------------------------------------------------------------------ backward
+struct BwdRow {
+  Shape s;
+  cuda::DeviceProps dev;
+  cuda::Force force;
+  cuda::BwdKernel kernel;
+  // thread-states: tpc, grid, ntc; warp-scan: warps, stile, slots
+  int64_t a, b, c;
+  size_t smem;
+  int64_t images;
+  size_t total;  // workspace bytes
+};
+
+TEST(KernelChoice, Backward) {
+  using cuda::Force;
+  constexpr auto ts = cuda::BwdKernel::ts;
+  constexpr auto warp = cuda::BwdKernel::warp;
+  const BwdRow rows[] = {
+      // Row 1 on the H200: 384 blocks of 32 channels x 4 warps = 1536 warps -> thread-states. Workspace: dA partials
+      // 768 KiB, dD/ddelta_bias 96 KiB, dB and dC images 1 MiB each, checkpoints 384 x 128 tiles x 128 threads x 16 B.
+      {{8, 1536, 2048, 16}, kH200, Force::none, ts, 4, 384, 128, 67584, 1, 2981888 + 100663296},
+      // Deterministic: one image per 32-channel tile (48 per tensor).
+      {{8, 1536, 2048, 16, Dtype::bf16, true, false, true}, kH200, Force::none, ts, 4, 384, 128, 67584, 48,
+       101548032 + 100663296},
+      // Row 4: 160 tiles x 4 warps = 640 warps, under 1024 -> warp-scan; the 80 KB staging budget fits 4 states a round.
+      {{1, 5120, 512, 16}, kH200, Force::none, warp, 8, 4, 640, 97280, 1, 434176},
+      // Deterministic warp-scan: 640 tiles, about 512 blocks wanted -> 2 tiles a block, 320 slots (images).
+      {{1, 5120, 512, 16, Dtype::bf16, true, false, true}, kH200, Force::none, warp, 8, 4, 320, 97280, 320,
+       368640 + 2 * 320 * 32768},
+      // Row 6: dstate 64 -> warp-scan.
+      {{4, 2048, 2048, 64}, kH200, Force::none, warp, 8, 4, 256, 102400, 1,
+       2097152 + 65536 + 2 * 4 * 64 * 2048 * 4},
+      // The warp-count edge: 256 tiles (1024 warps) -> thread-states; 255 tiles -> warp-scan.
+      {{1, 8192, 512, 16}, kH200, Force::none, ts, 4, 256, 32, 67584, 1,
+       524288 + 65536 + 2 * 16 * 512 * 4 + 256 * 32 * 2048},
+      {{1, 8160, 512, 16}, kH200, Force::none, warp, 8, 4, 1020, 97280, 1, 522240 + 65280 + 2 * 16 * 512 * 4},
+      // Medium class (A100): row 1 stays on the warp-scan kernel; its 48 KB staging budget fits 2 states a round.
+      {{8, 1536, 2048, 16}, kA100, Force::none, warp, 8, 2, 192, 60416, 1, 2981888},
+      // ... unless forced (67.5 KB fits the medium class's 96 KB block budget).
+      {{8, 1536, 2048, 16}, kA100, Force::ts, ts, 4, 384, 128, 67584, 1, 2981888 + 100663296},
+      // Small class (T4): fp32 thread-states needs 72 KB, over the 64 KB budget -> the warp-scan kernel, forced or not.
+      {{8, 1536, 2048, 16, Dtype::f32}, kT4, Force::ts, warp, 8, 1, 192, 44032, 1, 2981888},
+      // Complex, variable B only: two accumulators (dA, constant dC), 2 x 300 floats per B row -> images of 76800 B.
+      {{2, 64, 300, 16, Dtype::f32, true, true}, kH200, Force::ts, warp, 8, 4, 8, 97280, 1, 110592},
+  };
+  for (const BwdRow& r : rows) {
+    SCOPED_TRACE(name(r.s));
+    Problem p = problem(r.s);
+    if (r.s.cplx) p.var_C = false;  // the complex row: variable B, constant C
+    cuda::BwdPlan plan;
+    ASSERT_EQ(cuda::plan_bwd(p, r.dev, r.force, &plan), SELSCAN_STATUS_SUCCESS) << selscan::last_error_message();
+    ASSERT_EQ(plan.kernel, r.kernel);
+    if (r.kernel == ts) {
+      EXPECT_EQ(plan.ts.tpc, r.a);
+      EXPECT_EQ(plan.ts.grid, r.b);
+      EXPECT_EQ(plan.ts.ntc, r.c);
+      EXPECT_EQ(plan.ts.threads, 32 * r.a);
+      EXPECT_EQ(plan.ts.smem, r.smem);
+    } else {
+      EXPECT_EQ(plan.warp.warps, r.a);
+      EXPECT_EQ(plan.warp.stile, r.b);
+      EXPECT_EQ(plan.warp.slots, r.c);
+      EXPECT_EQ(plan.warp.smem, r.smem);
+    }
+    EXPECT_EQ(plan.images, r.images);
+    EXPECT_EQ(plan.total, r.total);
+  }
+}
+
+TEST(KernelChoice, BackwardComplexWorkspace) {
+  Problem p = problem({2, 64, 300, 16, Dtype::f32, true, true});
+  p.var_C = false;
+  cuda::BwdPlan plan;
+  ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
+  EXPECT_EQ(plan.nacc, 2);
+  EXPECT_EQ(plan.accB, -1);
+  EXPECT_EQ(plan.accC, 1);
+  EXPECT_EQ(plan.var_row, 600);
+  EXPECT_EQ(plan.var_elems, 2 * 16 * 600);
+  EXPECT_EQ(plan.off_ps, 32768u);   // 2 accumulators x 2 x 64 x 16 float2
+  EXPECT_EQ(plan.off_vb, 33792u);   // + 2 x 2 x 64 floats, 256-aligned
+  EXPECT_EQ(plan.total, 110592u);   // + 76800 B of dB image, 256-aligned
+  EXPECT_EQ(plan.zero_bytes, 76800u);
+}
+
+// Non-deterministic variable dB/dC are summed with atomics: the one memset covers both images (adjacent), and
+// nothing past them; deterministic images are stored whole and need none.
+TEST(KernelChoice, BackwardZeroesExactlyTheAtomicImages) {
+  for (const bool det : {false, true})
+    for (const cuda::Force f : {cuda::Force::none, cuda::Force::warp}) {
+      const Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, det});
+      cuda::BwdPlan plan;
+      ASSERT_EQ(cuda::plan_bwd(p, kH200, f, &plan), SELSCAN_STATUS_SUCCESS);
+      const size_t img = static_cast<size_t>(plan.var_elems) * sizeof(float);
+      EXPECT_EQ(plan.zero_bytes, det ? 0 : plan.off_vc + img - plan.off_vb) << det;
+      EXPECT_LE(plan.off_vc + img * plan.images, plan.kernel == cuda::BwdKernel::ts ? plan.off_ck : plan.total);
+    }
+}
+
+TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
+  // Row 6 needs 46 KB of the warp-scan kernel at one state a round; a device allowing 32 KB cannot run it.
+  const cuda::DeviceProps tiny{3, 75, 10, 32768};
+  cuda::BwdPlan plan;
+  EXPECT_EQ(cuda::plan_bwd(problem({4, 2048, 2048, 64}), tiny, cuda::Force::none, &plan), SELSCAN_STATUS_UNSUPPORTED);
+  EXPECT_NE(std::string(selscan::last_error_message()).find("needs 47104 bytes of shared memory per block, device 3 allows 32768"),
+            std::string::npos)
+      << selscan::last_error_message();
+}
+
+}  // namespace
+}  // namespace selscan_test
