@@ -26,7 +26,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
   Args a{};
   a.p = p;
   a.tiles_per_group = plan.warp.tiles_per_group;
-  a.slots = plan.kernel == cuda::BwdKernel::warp ? plan.warp.slots : plan.images;
+  a.slots = plan.kernel == cuda::Kernel::warp ? plan.warp.slots : plan.images;
   a.tiles_per_slot = plan.warp.tiles_per_slot;
   a.var_elems = plan.var_elems;
   a.var_row = plan.var_row;
@@ -44,7 +44,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
   if (plan.zero_bytes > 0 && cudaMemsetAsync(base + plan.off_vb, 0, plan.zero_bytes, st) != cudaSuccess)
     return launch_status("backward: launching cudaMemsetAsync(dB/dC images)");
 
-  if (plan.kernel == cuda::BwdKernel::ts) {
+  if (plan.kernel == cuda::Kernel::ts) {
     if constexpr (!kC) {
       static SmemLimit limit;
       auto kfn = ts::bwd_ts_kernel<T>;

@@ -344,7 +344,7 @@ Status launch_fwd_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda:
   if constexpr (kComplex) {
     return launch_fwd_warp<T, true, cuda::fwd_warp::kItemsComplex>(p, plan.warp, l);
   } else {
-    if (plan.kernel == cuda::FwdKernel::ts)
+    if (plan.kernel == cuda::Kernel::ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
                  : launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);

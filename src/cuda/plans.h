@@ -82,9 +82,12 @@ struct Plan {
 };
 }  // namespace fwd_ts
 
-enum class FwdKernel : int { warp, ts };
+// Which kernel a plan runs: warp-scan (a warp per channel, time across lanes) or thread-states (a thread per few
+// states, sequential in time).
+enum class Kernel : int { warp, ts };
+
 struct FwdPlan {
-  FwdKernel kernel = FwdKernel::warp;
+  Kernel kernel = Kernel::warp;
   fwd_warp::Plan warp;  // when kernel == warp
   fwd_ts::Plan ts;      // when kernel == ts
 };
@@ -189,9 +192,8 @@ struct Plan {
 };
 }  // namespace bwd_ts
 
-enum class BwdKernel : int { warp, ts };
 struct BwdPlan {
-  BwdKernel kernel = BwdKernel::warp;
+  Kernel kernel = Kernel::warp;
   bwd_warp::Plan warp;  // when kernel == warp
   bwd_ts::Plan ts;      // when kernel == ts
   // Shared by both kernels: the per-state accumulators of dA and constant dB/dC, the variable dB/dC images and the

@@ -210,12 +210,12 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   int per_block = 0;
   size_t smem = 0;
   if (force != Force::warp && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
-    plan.kernel = FwdKernel::ts;
+    plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;
     smem = plan.ts.smem;
   } else {
-    plan.kernel = FwdKernel::warp;
+    plan.kernel = Kernel::warp;
     plan.warp = fwd_warp_plan(p);
     blocks = plan.warp.blocks;
     per_block = plan.warp.warps;
@@ -223,7 +223,7 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   }
   if (blocks > kMaxGridBlocks) return too_many_blocks("forward", per_block);
   if (static_cast<int64_t>(smem) > dev.smem_optin)
-    return smem_over_limit(plan.kernel == FwdKernel::ts ? "forward (thread-states kernel)" : "forward (warp-scan kernel)",
+    return smem_over_limit(plan.kernel == Kernel::ts ? "forward (thread-states kernel)" : "forward (warp-scan kernel)",
                            smem, dev);
   *out = plan;
   return SELSCAN_STATUS_SUCCESS;
@@ -242,17 +242,17 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
   const SmemClass cls = smem_class(dev.smem_optin);
   size_t smem = 0;
   if (force != Force::warp && bwd_ts_plan(p, cls, force == Force::ts, &pl.ts)) {
-    pl.kernel = BwdKernel::ts;
+    pl.kernel = Kernel::ts;
     pl.images = pl.det_var ? pl.ts.tiles : 1;
     smem = pl.ts.smem;
   } else {
-    pl.kernel = BwdKernel::warp;
+    pl.kernel = Kernel::warp;
     pl.warp = bwd_warp_plan(p, cls, pl.nacc, nvar, pl.det_var);
     pl.images = pl.det_var ? pl.warp.slots : 1;
     smem = pl.warp.smem;
   }
   if (static_cast<int64_t>(smem) > dev.smem_optin)
-    return smem_over_limit(pl.kernel == BwdKernel::ts ? "backward (thread-states kernel)" : "backward (warp-scan kernel)",
+    return smem_over_limit(pl.kernel == Kernel::ts ? "backward (thread-states kernel)" : "backward (warp-scan kernel)",
                            smem, dev);
 
   // Workspace: per-(b,d) partials of the per-state sums [nacc][Bt][D][N] (weights-typed) and of dD, ddelta_bias
@@ -271,7 +271,7 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
   if (p.var_C) off = align_up(off + img);
   // Summed with atomics, so they start at 0: both images (adjacent) with one memset.
   if (nvar > 0 && !pl.det_var) pl.zero_bytes = (p.var_C ? pl.off_vc : pl.off_vb) + img - pl.off_vb;
-  if (pl.kernel == BwdKernel::ts) {
+  if (pl.kernel == Kernel::ts) {
     pl.off_ck = off;
     off = align_up(off + pl.ts.ck_bytes);
   }

@@ -84,7 +84,7 @@ struct FwdRow {
   Shape s;
   cuda::DeviceProps dev;
   cuda::Force force;
-  cuda::FwdKernel kernel;
+  cuda::Kernel kernel;
   // thread-states: tpc, ch, tt, tiles per group, min blocks; warp-scan: warps, tiles per group (rest 0)
   int a, b, c;
   int64_t tiles;
@@ -95,8 +95,8 @@ struct FwdRow {
 
 TEST(KernelChoice, Forward) {
   using cuda::Force;
-  constexpr auto ts = cuda::FwdKernel::ts;
-  constexpr auto warp = cuda::FwdKernel::warp;
+  constexpr auto ts = cuda::Kernel::ts;
+  constexpr auto warp = cuda::Kernel::warp;
   const FwdRow rows[] = {
       // The issue #4 rows on the H200. Row 1: 1536 warps (11.6 per SM) -> thread-states, 64-thread blocks (128 would
       // leave 384 blocks, under 4 per SM), 32-step tiles, the 4-blocks-per-SM variant.
@@ -180,7 +180,7 @@ struct BwdRow {
   Shape s;
   cuda::DeviceProps dev;
   cuda::Force force;
-  cuda::BwdKernel kernel;
+  cuda::Kernel kernel;
   // thread-states: tpc, grid, ntc; warp-scan: warps, stile, slots
   int64_t a, b, c;
   size_t smem;
@@ -190,8 +190,8 @@ struct BwdRow {
 
 TEST(KernelChoice, Backward) {
   using cuda::Force;
-  constexpr auto ts = cuda::BwdKernel::ts;
-  constexpr auto warp = cuda::BwdKernel::warp;
+  constexpr auto ts = cuda::Kernel::ts;
+  constexpr auto warp = cuda::Kernel::warp;
   const BwdRow rows[] = {
       // Row 1 on the H200: 384 blocks of 32 channels x 4 warps = 1536 warps -> thread-states. Workspace: dA partials
       // 768 KiB, dD/ddelta_bias 96 KiB, dB and dC images 1 MiB each, checkpoints 384 x 128 tiles x 128 threads x 16 B.
@@ -270,7 +270,7 @@ TEST(KernelChoice, BackwardZeroesExactlyTheAtomicImages) {
       ASSERT_EQ(cuda::plan_bwd(p, kH200, f, &plan), SELSCAN_STATUS_SUCCESS);
       const size_t img = static_cast<size_t>(plan.var_elems) * sizeof(float);
       EXPECT_EQ(plan.zero_bytes, det ? 0 : plan.off_vc + img - plan.off_vb) << det;
-      EXPECT_LE(plan.off_vc + img * plan.images, plan.kernel == cuda::BwdKernel::ts ? plan.off_ck : plan.total);
+      EXPECT_LE(plan.off_vc + img * plan.images, plan.kernel == cuda::Kernel::ts ? plan.off_ck : plan.total);
     }
 }
 
