@@ -38,7 +38,7 @@ class DeviceGuard {
   Status status_ = SELSCAN_STATUS_SUCCESS;
 };
 
-// Defined in kernels/probe.cu: cudaFuncGetAttributes of an empty kernel on the current device, i.e. which
+// Defined in kernels/common/probe.cu: cudaFuncGetAttributes of an empty kernel on the current device, i.e. which
 // embedded image the driver would load. Returns the cudaError_t as int.
 int probe_image(int* binary_version, int* ptx_version);
 

@@ -17,7 +17,7 @@
 
 namespace selscan::cuda {
 
-// ------------------------------------------------------------------------------- forward, warp-scan (fwd.cuh)
+// ------------------------------------------------------------------- forward, warp-scan (kernels/fwd/warp.cuh)
 // A warp per channel, up to kMaxWarps channels of one group per block; a lane holds K consecutive steps of a piece.
 namespace fwd_warp {
 constexpr int kMaxWarps = 8;
@@ -44,10 +44,11 @@ struct Plan {
 };
 }  // namespace fwd_warp
 
-// ------------------------------------------------------------------------- forward, thread-states (fwd_ts.cuh)
+// ---------------------------------------------------------------- forward, thread-states (kernels/fwd/ts.cuh)
 // A thread runs kS states of one channel sequentially in time; tpc threads per channel, ch channels per block.
 namespace fwd_ts {
-constexpr int kS = 4;             // states per thread (2 measured slower on every row: twice the threads, more overhead)
+// States per thread (2 measured slower on every row: twice the threads, more overhead).
+constexpr int kS = 4;
 constexpr int kMaxThreads = 128;  // threads per block
 // Threads per channel: dstate <= kS * kMaxTpc = 32. At dstate 64 (16 threads per channel) the warp-scan kernel
 // measured faster: the epilogue sums 16 partials per output.
@@ -55,7 +56,7 @@ constexpr int kMaxTpc = 8;
 // The two launch-bounds variants: 4 blocks per SM (128 registers, no spills) or 5 (96 registers).
 constexpr int kMinBlocksFew = 4, kMinBlocksMany = 5;
 // Variable B/C tiles are [step][state] rows; each group of one staging vector's steps starts 8 floats further
-// (kernels/fwd_ts.cuh, bc_row). The last group's shift: tt <= 32 steps in groups of >= 4.
+// (kernels/fwd/ts.cuh, bc_row). The last group's shift: tt <= 32 steps in groups of >= 4.
 constexpr int kBcPad = (32 / 4 - 1) * 8;
 
 // The kernel's launch shape, passed to it by value.
@@ -92,7 +93,7 @@ struct FwdPlan {
   fwd_ts::Plan ts;      // when kernel == ts
 };
 
-// ------------------------------------------------------------------------------ backward, warp-scan (bwd.cuh)
+// ------------------------------------------------------------------ backward, warp-scan (kernels/bwd/warp.cuh)
 namespace bwd_warp {
 constexpr int kItems = 8;            // K: consecutive time steps per lane
 constexpr int kPiece = 32 * kItems;  // time steps per warp per piece
@@ -135,7 +136,7 @@ struct Plan {
 };
 }  // namespace bwd_warp
 
-// ------------------------------------------------------------------------- backward, thread-states (bwd_ts.cuh)
+// --------------------------------------------------------------- backward, thread-states (kernels/bwd/ts.cuh)
 // A block is kCh channels (lanes) x tpc warps; warp k holds states 4k..4k+3 of every channel.
 namespace bwd_ts {
 constexpr int kS = 4;           // states per thread
@@ -145,7 +146,7 @@ constexpr int kTT = 16;         // steps per tile: a tile's per-thread state his
 constexpr int kRow = kTT + 4;   // padded per-channel row of floats: float4-aligned; the sweep's per-lane float4 reads
                                 // (8 channels a quarter-warp, 20 floats apart) are conflict-free
 // The per-warp dB/dC reduction buffer: 4 step slots of 32 lane rows of 8 floats, each slot padded by 8 floats (the
-// index map, kernels/bwd_ts_layout.h, says why).
+// index map, kernels/bwd/ts_maps.h, says why).
 constexpr int kRedSlot = 32 * 8 + 8;
 constexpr int kRedWarp = 4 * kRedSlot;
 constexpr int kMaxGrid = 1024;  // persistent grid cap; bounds the checkpoint workspace
@@ -179,7 +180,7 @@ SELSCAN_HD inline Layout layout(int tpc, int isz) {
   return l;
 }
 
-// The launch shape (the kernel receives its tpc, ntc, tiles and items, kernels/bwd_ts.cuh: Shape).
+// The launch shape (the kernel receives its tpc, ntc, tiles and items: kernels/bwd/ts.cuh, Shape).
 struct Plan {
   int threads = 0;        // per block: kCh * tpc
   int tpc = 0;            // warps per block (threads per channel)

@@ -1,4 +1,4 @@
-// The thread-states backward's shared-memory index maps (kernels/bwd_ts_layout.h), checked on the host: each is a
+// The thread-states backward's shared-memory index maps (kernels/bwd/ts_maps.h), checked on the host: each is a
 // bijection inside its buffer, and the accesses the kernel makes through them are free of bank conflicts. A broken map
 // shows on a GPU only as wrong gradients (two such bugs did, validation/gpu-runs.md runs 25-26); this needs no GPU.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "bwd_ts_layout.h"
+#include "bwd/ts_maps.h"
 
 namespace selscan_test {
 namespace {

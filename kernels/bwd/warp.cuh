@@ -1,6 +1,7 @@
-// The selective-scan backward kernel (upstream semantics §2.3 + the fold_B rule of src/problem.h + dh0).
+// The warp-scan backward kernel (upstream semantics §2.3 + the fold_B rule of src/problem.h + dh0): it serves every
+// call the thread-states kernel (ts.cuh) does not (src/cuda/select.cpp).
 //
-// Mapping (the forward's): a block = (batch b, up to 8 consecutive channels of one group), one WARP per channel,
+// Mapping (the forward's warp-scan one): a block = (batch b, up to 8 consecutive channels of one group), one WARP per channel,
 // pieces of 32 lanes x K consecutive time steps. Chunks (2048 steps, the layout of x) run in reverse:
 //   pass 1: seed the scanned state s from x[b,d,c-1] (h0 / 0 for chunk 0) and walk the chunk's pieces forward,
 //           keeping only each piece's incoming state per n in shared memory (one warp scan per piece and state);
@@ -11,7 +12,7 @@
 // Variable dB/dC are summed over the block's channels in shared memory (fixed order) once per tile of states,
 // then added into an fp32 workspace with float atomics (default) or stored as per-block partials
 // (deterministic mode: fixed-order second pass). Per-(b,d) partials of dA, dD, ddelta_bias and constant dB/dC
-// go to workspace; a second kernel sums them over batch in fixed order. All reductions except the atomics are
+// go to workspace; a second kernel (reduce.cuh) sums them over batch in fixed order. All reductions except the atomics are
 // therefore bitwise reproducible.
 // Compile-time parameters: only the itype and real/complex; every flag is a uniform run-time branch.
 #pragma once
@@ -21,9 +22,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.cuh"
+#include "../common/io.cuh"
+#include "../common/math.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
+#include "reduce.cuh"
 
 namespace selscan::kern::bwd {
 
@@ -34,57 +37,8 @@ using cuda::bwd_warp::kPiecesPerChunk;
 using cuda::bwd_warp::SmemLayout;
 using cuda::bwd_warp::smem_layout;
 
-// The kernels' parameters: the Problem, the plan's layout (src/cuda/plans.h) and the workspace regions.
-struct Args {
-  Problem p;
-  int64_t tiles_per_group, slots, tiles_per_slot;
-  int64_t var_elems;  // floats of one variable dB/dC image: Bt*G*N*Lp
-  int64_t var_row;    // Lp: its row length, L*cw rounded up to whole float4
-  int stile, nacc, accB, accC;
-  bool det_var, lane_acc;
-  float* pw;  // [nacc][Bt][D][N] weights-typed partials (float or float2)
-  float* ps;  // [2][Bt][D]: dD, ddelta_bias partials
-  float* vb;  // variable dB fp32 image(s): [slots or 1][Bt][G][N][Lp]
-  float* vc;  // variable dC likewise
-};
-
-template <bool kC>
-struct WT;
-template <>
-struct WT<false> {
-  using W = float;
-  static constexpr int kCw = 1;
-};
-template <>
-struct WT<true> {
-  using W = float2;
-  static constexpr int kCw = 2;
-};
-
-__device__ __forceinline__ float wconj(float a) { return a; }
-__device__ __forceinline__ float2 wconj(float2 a) { return cconj(a); }
-__device__ __forceinline__ float wre(float a) { return a; }
-__device__ __forceinline__ float wre(float2 a) { return a.x; }
-__device__ __forceinline__ float wscale(float a, float s) { return a * s; }
-__device__ __forceinline__ float2 wscale(float2 a, float s) { return cscale(a, s); }
-__device__ __forceinline__ float wadd(float a, float b) { return a + b; }
-__device__ __forceinline__ float2 wadd(float2 a, float2 b) { return cadd(a, b); }
-// Re(a * conj(b)): the real gradient through a real-valued use of a complex product.
-__device__ __forceinline__ float wdotre(float a, float b) { return a * b; }
-__device__ __forceinline__ float wdotre(float2 a, float2 b) { return a.x * b.x + a.y * b.y; }
-__device__ __forceinline__ float shfl_xor_w(float v, int m) { return __shfl_xor_sync(kFullMask, v, m); }
-__device__ __forceinline__ float2 shfl_xor_w(float2 v, int m) {
-  return make_float2(__shfl_xor_sync(kFullMask, v.x, m), __shfl_xor_sync(kFullMask, v.y, m));
-}
-template <typename W>
-__device__ __forceinline__ W warp_sum(W v) {
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) v = wadd(v, shfl_xor_w(v, m));
-  return v;
-}
-
 // Two independent inclusive warp scans at once (their shuffles overlap): two forward ones, or a forward
-// (lane order) and a reverse one. Both compose like common.cuh's warp_scan_fwd, the reverse one with lane 31
+// (lane order) and a reverse one. Both compose like warp_scan_fwd (common/math.cuh), the reverse one with lane 31
 // first.
 template <typename W>
 __device__ __forceinline__ void warp_scan_fwd2(W& a0, W& b0, W& a1, W& b1, int lane) {
@@ -117,17 +71,6 @@ __device__ __forceinline__ void warp_scan_fwd_rev(W& fa, W& fb, W& ra, W& rb, in
   }
 }
 
-template <bool kC>
-__device__ __forceinline__ typename WT<kC>::W ld_w(const void* base, int64_t off) {
-  if constexpr (kC) return static_cast<const float2*>(base)[off];
-  else return static_cast<const float*>(base)[off];
-}
-template <bool kC>
-__device__ __forceinline__ void st_w(void* base, int64_t off, typename WT<kC>::W v) {
-  if constexpr (kC) static_cast<float2*>(base)[off] = v;
-  else static_cast<float*>(base)[off] = v;
-}
-
 template <typename T>
 __device__ __forceinline__ const T* row_of(const View& v, int64_t b, int64_t d) {
   return static_cast<const T*>(v.p) + b * v.s[0] + d * v.s[1];
@@ -139,14 +82,14 @@ __device__ __forceinline__ T* wrow_of(const View& v, int64_t b, int64_t d) {
 
 // ā = exp(δ A) as the forward builds it: real A pre-scaled by log2 e; complex: only the real part.
 template <bool kC>
-__device__ __forceinline__ typename WT<kC>::W decay(float delta, typename WT<kC>::W a2) {
+__device__ __forceinline__ typename Weights<kC>::W decay(float delta, typename Weights<kC>::W a2) {
   if constexpr (kC) return cexp2_fast(delta * a2.x, delta * a2.y);
   else return exp2_fast(delta * a2);
 }
 
 template <typename T, bool kC>
 struct Stage {
-  static constexpr int kCw = WT<kC>::kCw;
+  static constexpr int kCw = Weights<kC>::kCw;
   static constexpr int VE = Vec16<T>::kElems;              // itype elements per 16-byte chunk
   static constexpr int kRowChunks = kPiece * kCw / VE;     // chunks per staged row
   static constexpr int kCpl = kItems * kCw / VE;           // chunks per lane
@@ -189,7 +132,7 @@ __device__ __forceinline__ void stage_rows(uint4* dst, const T* base, int64_t ss
 
 // A lane's K weights of one raw staged row.
 template <typename T, bool kC>
-__device__ __forceinline__ void read_staged(const uint4* row, int lane, typename WT<kC>::W (&out)[kItems]) {
+__device__ __forceinline__ void read_staged(const uint4* row, int lane, typename Weights<kC>::W (&out)[kItems]) {
   using S = Stage<T, kC>;
   float f[kItems * S::kCw];
 #pragma unroll
@@ -202,27 +145,17 @@ __device__ __forceinline__ void read_staged(const uint4* row, int lane, typename
 }
 
 template <bool kC>
-__device__ __forceinline__ float4 pack4(const typename WT<kC>::W (&v)[kItems], int k) {
+__device__ __forceinline__ float4 pack4(const typename Weights<kC>::W (&v)[kItems], int k) {
   if constexpr (kC) return make_float4(v[k].x, v[k].y, v[k + 1].x, v[k + 1].y);
   else return make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
 }
 
-__device__ __forceinline__ void add_f4(float* dst, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(dst), v);
-#else
-  atomicAdd(dst, v.x);
-  atomicAdd(dst + 1, v.y);
-  atomicAdd(dst + 2, v.z);
-  atomicAdd(dst + 3, v.w);
-#endif
-}
 
 template <typename T, bool kC>
-__global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
-  using W = typename WT<kC>::W;
+__global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args args) {
+  using W = typename Weights<kC>::W;
   constexpr int K = kItems;
-  constexpr int kCw = WT<kC>::kCw;
+  constexpr int kCw = Weights<kC>::kCw;
   constexpr int kV4 = kPiece * kCw / 4;    // float4 per staged/reduced row
   constexpr float kTwo = kC ? 2.f : 1.f;  // complex: y = 2 Re(s coef)
   const Problem& p = args.p;
@@ -711,54 +644,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_main(const Args args) {
       }
       __syncwarp();
     }
-  }
-}
-
-// dA, constant dB/dC, dD, ddelta_bias: fixed-order sums over batch of the per-(b,d) partials.
-template <bool kC>
-__global__ void bwd_params(const Args args) {
-  using W = typename WT<kC>::W;
-  const Problem& p = args.p;
-  const int64_t N = p.dstate, D = p.dim, Bt = p.batch;
-  const W* pw = reinterpret_cast<const W*>(args.pw);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < D * N; i += stride) {
-    const int64_t d = i / N, n = i % N;
-    W sA = wzero<W>(), sB = wzero<W>(), sC = wzero<W>();
-    for (int64_t b = 0; b < Bt; ++b) {
-      sA = wadd(sA, pw[(b * D + d) * N + n]);
-      if (args.accB >= 0) sB = wadd(sB, pw[((args.accB * Bt + b) * D + d) * N + n]);
-      if (args.accC >= 0) sC = wadd(sC, pw[((args.accC * Bt + b) * D + d) * N + n]);
-    }
-    st_w<kC>(p.dA.p, d * p.dA.s[0] + n * p.dA.s[1], sA);
-    if (!p.var_B) st_w<kC>(p.dB.p, d * p.dB.s[0] + n * p.dB.s[1], sB);
-    if (!p.var_C) st_w<kC>(p.dC.p, d * p.dC.s[0] + n * p.dC.s[1], sC);
-  }
-  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += stride) {
-    float sD = 0.f, sb = 0.f;
-    for (int64_t b = 0; b < Bt; ++b) {
-      sD += args.ps[b * D + d];
-      sb += args.ps[(Bt + b) * D + d];
-    }
-    if ((p.dD.p != nullptr)) static_cast<float*>(p.dD.p)[d * p.dD.s[0]] = sD;
-    if ((p.ddelta_bias.p != nullptr)) static_cast<float*>(p.ddelta_bias.p)[d * p.ddelta_bias.s[0]] = sb;
-  }
-}
-
-// Variable dB/dC: the fp32 image(s) (summed over `nimg` slot partials in order) into the itype view.
-template <typename T>
-__global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, int64_t Lp, View out, int64_t G,
-                            int64_t N, int64_t Lr, int64_t rows) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * Lr; i += stride) {
-    const int64_t t = i % Lr;
-    const int64_t row = i / Lr;
-    float s = 0.f;
-    for (int64_t j = 0; j < nimg; ++j) s += img[j * img_elems + row * Lp + t];
-    const int64_t n = row % N;
-    const int64_t g = (row / N) % G;
-    const int64_t b = row / (N * G);
-    static_cast<T*>(out.p)[b * out.s[0] + g * out.s[1] + n * out.s[2] + t] = from_f32<T>(s);
   }
 }
 

@@ -1,4 +1,5 @@
-// The selective-scan forward kernel (upstream semantics §1.3 + the fold_B rule of src/problem.h).
+// The warp-scan forward kernel (upstream semantics §1.3 + the fold_B rule of src/problem.h): it serves every call
+// the thread-states kernel (ts.cuh) does not (src/cuda/select.cpp).
 //
 // Mapping: a block = (batch b, up to 8 consecutive channels of one group), one WARP per channel. A warp walks
 // the sequence in pieces of 32 lanes x K consecutive time steps (a piece never straddles a 2048-chunk since
@@ -15,38 +16,17 @@
 
 #include <cstdint>
 
-#include "common.cuh"
-#include "cuda/launch.h"
+#include "../common/io.cuh"
+#include "../common/math.cuh"
 #include "cuda/plans.h"
-#include "errors.h"
-#include "fwd_ts.cuh"
-#include "launch_check.cuh"
 #include "problem.h"
 
-namespace selscan::kern {
+namespace selscan::kern::fwd {
 
 constexpr int kFwdMaxWarps = cuda::fwd_warp::kMaxWarps;  // channels per block
-
+// States of variable B/C staged per barrier pair.
 template <bool kComplex>
-struct FwdTraits;
-template <>
-struct FwdTraits<false> {
-  using W = float;
-  static constexpr int kStateTile = cuda::fwd_warp::kStateTileReal;  // states of variable B/C staged per barrier pair
-  static constexpr int kCw = 1;          // floats per time step in a staged B/C row
-};
-template <>
-struct FwdTraits<true> {
-  using W = float2;
-  static constexpr int kStateTile = cuda::fwd_warp::kStateTileComplex;
-  static constexpr int kCw = 2;
-};
-
-template <bool kComplex>
-__device__ __forceinline__ typename FwdTraits<kComplex>::W load_w(const void* base, int64_t off) {
-  if constexpr (kComplex) return __ldg(static_cast<const float2*>(base) + off);
-  else return __ldg(static_cast<const float*>(base) + off);
-}
+constexpr int kStateTile = kComplex ? cuda::fwd_warp::kStateTileComplex : cuda::fwd_warp::kStateTileReal;
 
 // Variable B or C rows n0..n0+ns-1 of the piece starting at t0, for (batch b, group g), into shared memory as
 // fp32. Layout: float4 index ((nn * kVpl + j) * 32 + lane), j < kVpl = K*kCw/4, so a lane's K steps sit in kVpl
@@ -54,7 +34,7 @@ __device__ __forceinline__ typename FwdTraits<kComplex>::W load_w(const void* ba
 template <typename T, bool kComplex, int K>
 __device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b, int64_t g, int64_t n0, int ns,
                                           int64_t t0, int64_t L) {
-  constexpr int kCw = FwdTraits<kComplex>::kCw;
+  constexpr int kCw = Weights<kComplex>::kCw;
   constexpr int kLaneFloats = K * kCw;  // floats one lane reads per state
   constexpr int kVpl = kLaneFloats / 4;
   constexpr int VE = Vec16<T>::kElems;          // itype elements per 16-byte load
@@ -88,8 +68,8 @@ __device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b,
 // Reads a lane's K staged steps of one state row: real -> K floats, complex -> K float2.
 template <bool kComplex, int K>
 __device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int lane,
-                                               typename FwdTraits<kComplex>::W* out) {
-  constexpr int kVpl = K * FwdTraits<kComplex>::kCw / 4;
+                                               typename Weights<kComplex>::W* out) {
+  constexpr int kVpl = K * Weights<kComplex>::kCw / 4;
 #pragma unroll
   for (int j = 0; j < kVpl; ++j) {
     const float4 q = src[(nn * kVpl + j) * 32 + lane];
@@ -105,8 +85,6 @@ __device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int la
   }
 }
 
-__device__ __forceinline__ float wscale(float a, float s) { return a * s; }
-__device__ __forceinline__ float2 wscale(float2 a, float s) { return cscale(a, s); }
 // y += h * coef (real); y += 2 Re(h * coef) (complex weights, conjugate-pair convention).
 __device__ __forceinline__ float fwd_out_acc(float h, float c, float y) { return fmaf(h, c, y); }
 __device__ __forceinline__ float fwd_out_acc(float2 h, float2 c, float y) { return y + 2.f * (h.x * c.x - h.y * c.y); }
@@ -118,11 +96,11 @@ enum FwdSlot : int { kSlotP = 0, kSlotH, kSlotA, kSlotBs, kSlotCc, kSlots };
 static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/cuda/plans.h)");
 
 template <typename T, bool kComplex, int K, int kMinBlocks>
-__global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(const Problem p, int64_t tiles_per_group) {
-  using Tr = FwdTraits<kComplex>;
-  using W = typename Tr::W;
-  constexpr int NS = Tr::kStateTile;
-  constexpr int kVpl = K * Tr::kCw / 4;
+__global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
+                                                                                  int64_t tiles_per_group) {
+  using W = typename Weights<kComplex>::W;
+  constexpr int NS = kStateTile<kComplex>;
+  constexpr int kVpl = K * Weights<kComplex>::kCw / 4;
   constexpr int kPiece = 32 * K;
   static_assert(kChunk % kPiece == 0, "a piece must not straddle a chunk of x");
   extern __shared__ float4 smem[];
@@ -169,12 +147,12 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
   if (active) {
     for (int64_t n = lane; n < N; n += 32) {
       sP[n] = wone<W>();
-      sH[n] = (p.h0.p != nullptr) ? load_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : wzero<W>();
-      const W a = load_w<kComplex>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
+      sH[n] = (p.h0.p != nullptr) ? ldg_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : wzero<W>();
+      const W a = ldg_w<kComplex>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
       if constexpr (kComplex) sA[n] = make_float2(a.x * kLog2e, a.y);  // only the real part is log2e-scaled
       else sA[n] = a * kLog2e;
-      const W cB = var_B ? wone<W>() : load_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
-      const W cC = var_C ? wone<W>() : load_w<kComplex>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
+      const W cB = var_B ? wone<W>() : ldg_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]);
+      const W cC = var_C ? wone<W>() : ldg_w<kComplex>(p.C.p, d * p.C.s[0] + n * p.C.s[1]);
       // fold_B: the scan runs without B and B joins the output coefficient (upstream's constant-B rule);
       // otherwise a constant B scales b̄ = B * delta * u.
       sBs[n] = fold_B ? wone<W>() : cB;
@@ -304,52 +282,10 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_kernel(cons
   if (active && (p.last_state.p != nullptr)) {
     for (int64_t n = lane; n < N; n += 32) {
       W h = sH[n];
-      if (fold_B) h = wmul(h, load_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));  // true state = B * H
+      if (fold_B) h = wmul(h, ldg_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));  // true state = B * H
       static_cast<W*>(p.last_state.p)[b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2]] = h;
     }
   }
 }
 
-// One forward launch of a plan's grid: the kernel's shared-memory limit (raised once per device), the launch, its
-// status.
-template <typename Kernel, typename... Args>
-Status launch_fwd_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threads, size_t smem,
-                         const cuda::Launch& l, const Args&... args) {
-  if (const Status s = limit.raise(kernel, smem, l, "forward: cudaFuncSetAttribute(shared memory)");
-      s != SELSCAN_STATUS_SUCCESS)
-    return s;
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, static_cast<cudaStream_t>(l.stream)>>>(args...);
-  return launch_status("forward: launching the kernel");
-}
-
-// The warp-scan forward with K steps per lane.
-template <typename T, bool kComplex, int K>
-Status launch_fwd_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
-  static SmemLimit limit;
-  return launch_fwd_kernel(&fwd_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks>, limit, w.blocks, w.warps * 32,
-                           w.smem, l, p, w.tiles_per_group);
-}
-
-// The thread-states forward with its launch-bounds variant.
-template <typename T, int kMinBlocks>
-Status launch_fwd_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
-  static SmemLimit limit;
-  return launch_fwd_kernel(&ts::fwd_ts_kernel<T, kMinBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem, l,
-                           p, t.shape);
-}
-
-// The plan's kernel for itype T (src/cuda/select.cpp chose it).
-template <typename T, bool kComplex>
-Status launch_fwd_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
-  if constexpr (kComplex) {
-    return launch_fwd_warp<T, true, cuda::fwd_warp::kItemsComplex>(p, plan.warp, l);
-  } else {
-    if (plan.kernel == cuda::Kernel::ts)
-      return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
-                 ? launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
-                 : launch_fwd_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
-    return launch_fwd_warp<T, false, cuda::fwd_warp::kItemsReal>(p, plan.warp, l);
-  }
-}
-
-}  // namespace selscan::kern
+}  // namespace selscan::kern::fwd

@@ -1,14 +1,17 @@
-// The backward launch for one itype: the main kernel the plan names (thread-states, bwd_ts.cuh, or warp-scan,
-// bwd.cuh), then the fixed-order parameter sums and the variable dB/dC conversion shared by both.
+// The backward launch for one itype: the main kernel the plan names (thread-states, ts.cuh, or warp-scan, warp.cuh;
+// src/cuda/select.cpp chose it), then the fixed-order parameter sums and the variable dB/dC conversion both share
+// (reduce.cuh). Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "bwd.cuh"
-#include "bwd_ts.cuh"
+#include "../common/launch.cuh"
 #include "cuda/launch.h"
 #include "cuda/plans.h"
-#include "launch_check.cuh"
+#include "problem.h"
+#include "reduce.cuh"
+#include "ts.cuh"
+#include "warp.cuh"
 
 namespace selscan::kern::bwd {
 
@@ -59,7 +62,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
     }
   } else {
     static SmemLimit limit;
-    auto kfn = bwd_main<T, kC>;
+    auto kfn = bwd_warp_kernel<T, kC>;
     if (Status s = limit.raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
         s != SELSCAN_STATUS_SUCCESS)
       return s;

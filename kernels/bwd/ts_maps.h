@@ -1,4 +1,4 @@
-// Shared-memory index maps of the thread-states backward (bwd_ts.cuh), in a header of its own so that the host
+// Shared-memory index maps of the thread-states backward (ts.cuh), in a header of its own so that the host
 // tests (tests/cpu/test_bwd_ts_layout.cpp) check them without a GPU: every map is a bijection, and the accesses the
 // kernel makes through them are free of bank conflicts.
 //

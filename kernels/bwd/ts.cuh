@@ -1,8 +1,8 @@
-// The backward for real weights, dstate <= 16 (by default 13-16) and large grids, in the forward's thread-states mapping
-// (fwd_ts.cuh): every thread owns kS = 4 states of one channel and runs their recurrences sequentially in time,
-// so there is no scan across threads.
+// The thread-states backward, for real weights and dstate <= 16, in the forward's thread-states mapping
+// (fwd/ts.cuh): every thread owns kS = 4 states of one channel and runs their recurrences sequentially in time, so
+// there is no scan across threads. src/cuda/select.cpp says which calls it serves.
 //
-// Why: the warp-scan backward (bwd.cuh) spends about 50 instructions per state update on scans, folds and
+// Why: the warp-scan backward (warp.cuh) spends about 50 instructions per state update on scans, folds and
 // per-state barriers. Here an update costs about 10 in the reverse sweep (ex2 argument, ex2, dh, ā dh, dA, dB,
 // dC, the du/ddelta sums) plus about 4 for each forward recomputation, and a cross-channel reduction of
 // variable dB/dC.
@@ -23,7 +23,7 @@
 // Inputs of a tile are copied raw into shared memory with cp.async while the previous tile computes, then
 // converted once (softplus, the z gate, dz and out_z) by the thread that owns those (channel, 4 steps).
 // Per-(b,d) partials of dA, constant dB/dC, dD and ddelta_bias go to the workspace like the warp-scan
-// kernel's and are summed over batch by bwd_params in fixed order.
+// kernel's and are summed over batch by bwd_params (reduce.cuh) in fixed order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,11 +32,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "bwd.cuh"
-#include "bwd_ts_layout.h"
-#include "common.cuh"
+#include "../common/io.cuh"
+#include "../common/math.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
+#include "reduce.cuh"
+#include "ts_maps.h"
 
 namespace selscan::kern::bwd::ts {
 
@@ -182,8 +183,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     for (int it = tid; it < kCh * kGrp; it += NT) sE[it] = sE[kCh * kGrp + it] = 0.f;
 
     // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C. The two
-    // element-wise fallbacks below stay written out: one shared helper added 4 bytes of spills and measured 0.4-1.5%
-    // slower on the H200 (run 31).
+    // element-wise fallbacks below stay written out: one shared helper added spills and measured slower.
     const auto issue = [&](int64_t t0, bool full) {
       const int nten = full ? (hasZ ? 5 : 3) : 2;
       for (int ten = 0; ten < nten; ++ten) {
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
 
     // ---- pass A compute: advance h over the staged tile. The same loop as the start of `sweep`, written twice on
     // purpose: one shared loop (with a compile-time "keep the history" flag) changed register allocation and
-    // measured 4.5% (bf16) and 7% (fp32) slower on the H200 (docs/performance.md, optimisation log).
+    // measured slower.
     const auto advance = [&](auto vb_tag, float (&h)[kS]) {
       float bc[kS];
       if constexpr (!decltype(vb_tag)::value) load_const(p.B, bc);

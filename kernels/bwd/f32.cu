@@ -1,5 +1,5 @@
 // Backward instances for itype float (real and complex weights). One TU per itype so builds run in parallel.
-#include "bwd_launch.cuh"
+#include "launch.cuh"
 
 namespace selscan::kern::bwd {
 

@@ -1,7 +1,8 @@
-// The forward for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of one channel
-// sequentially in time ("thread-states" mapping), so there is no scan across threads at all.
+// The thread-states forward, for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of
+// one channel sequentially in time, so there is no scan across threads at all. src/cuda/select.cpp says which calls
+// it serves.
 //
-// Why: the warp-scan kernel (fwd.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
+// Why: the warp-scan kernel (warp.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
 // (exp2 argument, ex2, b̄, h = a h + b̄, y += h c) with kS independent chains per thread, so the kernel is
 // bound by the ex2 pipe rather than by latency. The price is parallelism: Bt*D*ceil(N/kS) threads.
@@ -21,11 +22,12 @@
 
 #include <cstdint>
 
-#include "common.cuh"
+#include "../common/io.cuh"
+#include "../common/math.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
 
-namespace selscan::kern::ts {
+namespace selscan::kern::fwd::ts {
 
 using cuda::fwd_ts::kBcPad;
 using cuda::fwd_ts::kMaxThreads;
@@ -34,8 +36,8 @@ using Cfg = cuda::fwd_ts::Shape;  // the launch shape (src/cuda/plans.h)
 
 // Variable B/C tiles are [t][state] rows of tpc*kS floats. Each group of 2^vs steps (one staging vector: 8 in
 // fp16/bf16, 4 in fp32) starts 8 floats after the previous group's end: the staging threads of a warp store 8 states x
-// 4 such groups at once, which without the shift land on 8 banks (a 4-way conflict, 10% of all shared wavefronts on
-// 8x1536x2048:16). vs = 0: no shift (the register-starved variant, see fwd_ts_kernel). Rows stay 16-byte aligned.
+// 4 such groups at once, which without the shift land on 8 banks (a 4-way conflict). vs = 0: no shift (the
+// register-starved variant, see fwd_ts_kernel). Rows stay 16-byte aligned.
 __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (vs ? (t >> vs) << 3 : 0); }
 
 // The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
@@ -88,11 +90,9 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
 template <typename T, int MINB>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
-  // The 16-bit variant at MINB 4 (128 registers; 8x1536x2048:16) is register-starved: there the branch-free softplus
-  // (more live values while 8 are converted) and the B/C group shift (an address term in the state loop) each cost
-  // 3-7% (H200: 0.270 ms without either, 0.277 with the softplus, 0.290 with both), while the other variants gained
-  // (4x5120x2048:16 0.484 -> 0.449 ms, fp32 8x1536x2048:16 0.312 -> 0.286). So it keeps the serial softplus and no
-  // shift.
+  // The 16-bit variant at MINB 4 (128 registers) is register-starved: the branch-free softplus (more live values while
+  // 8 are converted) and the B/C group shift (an address term in the state loop) each measured slower there, while
+  // the other variants gained from both. So it keeps the serial softplus and no shift.
   constexpr bool kLean = sizeof(T) == 2 && MINB == 4;
   constexpr int VS = kLean ? 0 : (V == 8 ? 3 : 2);  // log2(V), or 0: no B/C group shift
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
 
   // Where the epilogue finds D u: fp16/bf16 keep the raw u vector in registers (4 registers); fp32 stages D u in
-  // shared memory. Each was the faster on the H200 for its itype (8x1536x2048:16 bf16 0.268 vs 0.322 ms; fp32
-  // 0.308 vs 0.394 ms), through register allocation rather than by instruction count.
+  // shared memory. Each measured faster for its itype, through register allocation rather than by instruction count.
   constexpr bool kUdInSmem = sizeof(T) == 4;
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
   const auto prefetch = [&](int64_t t0) {
@@ -312,4 +311,4 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   }
 }
 
-}  // namespace selscan::kern::ts
+}  // namespace selscan::kern::fwd::ts

@@ -1,0 +1,61 @@
+// The forward launch for one itype: the kernel its plan names (src/cuda/select.cpp chose it), with the plan's grid,
+// block and shared memory. Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../common/launch.cuh"
+#include "cuda/launch.h"
+#include "cuda/plans.h"
+#include "problem.h"
+#include "ts.cuh"
+#include "warp.cuh"
+
+namespace selscan::kern::fwd {
+
+// One launch of a plan's grid: the kernel's shared-memory limit (raised once per device), the launch, its status.
+template <typename Kernel, typename... Args>
+Status launch_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threads, size_t smem, const cuda::Launch& l,
+                     const Args&... args) {
+  if (const Status s = limit.raise(kernel, smem, l, "forward: cudaFuncSetAttribute(shared memory)");
+      s != SELSCAN_STATUS_SUCCESS)
+    return s;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, static_cast<cudaStream_t>(l.stream)>>>(args...);
+  return launch_status("forward: launching the kernel");
+}
+
+// The warp-scan forward with K steps per lane.
+template <typename T, bool kComplex, int K>
+Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
+  static SmemLimit limit;
+  return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks>, limit, w.blocks, w.warps * 32,
+                       w.smem, l, p, w.tiles_per_group);
+}
+
+// The thread-states forward with its launch-bounds variant.
+template <typename T, int kMinBlocks>
+Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
+  static SmemLimit limit;
+  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem, l, p,
+                       t.shape);
+}
+
+template <typename T, bool kComplex>
+Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
+  if constexpr (kComplex) {
+    return launch_warp<T, true, cuda::fwd_warp::kItemsComplex>(p, plan.warp, l);
+  } else {
+    if (plan.kernel == cuda::Kernel::ts)
+      return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
+                 ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
+                 : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
+    return launch_warp<T, false, cuda::fwd_warp::kItemsReal>(p, plan.warp, l);
+  }
+}
+
+template <typename T>
+Status launch(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
+  return p.is_complex ? launch_typed<T, true>(p, plan, l) : launch_typed<T, false>(p, plan, l);
+}
+
+}  // namespace selscan::kern::fwd
