@@ -69,7 +69,8 @@ class HostFixture {
 
   selscan_status_t call() { return bwd_ ? selscan_bwd(&bwd_args_, &ex_) : selscan_fwd(&fwd_args_, &ex_); }
   selscan_status_t query(size_t* bytes) {
-    return bwd_ ? selscan_bwd_workspace_size(&bwd_args_, &ex_, bytes) : selscan_fwd_workspace_size(&fwd_args_, &ex_, bytes);
+    return bwd_ ? selscan_bwd_workspace_size(&bwd_args_, &ex_, bytes)
+                : selscan_fwd_workspace_size(&fwd_args_, &ex_, bytes);
   }
 
   // Seconds per call of one batch with the GPU busy; < 0 with `error` set on failure.

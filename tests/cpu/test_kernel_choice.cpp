@@ -170,9 +170,8 @@ TEST(KernelChoice, ForwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   ASSERT_EQ(cuda::plan_fwd(p, kH200, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
   EXPECT_EQ(plan.warp.smem, 114688u);
   EXPECT_EQ(cuda::plan_fwd(p, kT4, cuda::Force::none, &plan), SELSCAN_STATUS_UNSUPPORTED);
-  EXPECT_NE(std::string(selscan::last_error_message()).find("needs 114688 bytes of shared memory per block, device 0 allows 65536"),
-            std::string::npos)
-      << selscan::last_error_message();
+  const std::string msg = selscan::last_error_message();
+  EXPECT_NE(msg.find("needs 114688 bytes of shared memory per block, device 0 allows 65536"), std::string::npos) << msg;
 }
 
 // ------------------------------------------------------------------------------------------------ backward
@@ -199,7 +198,7 @@ TEST(KernelChoice, Backward) {
       // Deterministic: one image per 32-channel tile (48 per tensor).
       {{8, 1536, 2048, 16, Dtype::bf16, true, false, true}, kH200, Force::none, ts, 4, 384, 128, 67584, 48,
        101548032 + 100663296},
-      // Row 4: 160 tiles x 4 warps = 640 warps, under 1024 -> warp-scan; the 80 KB staging budget fits 4 states a round.
+      // Row 4: 160 tiles x 4 warps = 640 warps, under 1024 -> warp-scan; 80 KB of staging fits 4 states a round.
       {{1, 5120, 512, 16}, kH200, Force::none, warp, 8, 4, 640, 97280, 1, 434176},
       // Deterministic warp-scan: 640 tiles, about 512 blocks wanted -> 2 tiles a block, 320 slots (images).
       {{1, 5120, 512, 16, Dtype::bf16, true, false, true}, kH200, Force::none, warp, 8, 4, 320, 97280, 320,
@@ -279,9 +278,8 @@ TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   const cuda::DeviceProps tiny{3, 75, 10, 32768};
   cuda::BwdPlan plan;
   EXPECT_EQ(cuda::plan_bwd(problem({4, 2048, 2048, 64}), tiny, cuda::Force::none, &plan), SELSCAN_STATUS_UNSUPPORTED);
-  EXPECT_NE(std::string(selscan::last_error_message()).find("needs 47104 bytes of shared memory per block, device 3 allows 32768"),
-            std::string::npos)
-      << selscan::last_error_message();
+  const std::string msg = selscan::last_error_message();
+  EXPECT_NE(msg.find("needs 47104 bytes of shared memory per block, device 3 allows 32768"), std::string::npos) << msg;
 }
 
 }  // namespace
