@@ -43,7 +43,7 @@ __device__ __forceinline__ float softplus(float x, float* dsp = nullptr) {
 
 // Upstream's form, log1pf(__expf(x)) below the threshold: 32 instructions with branches. The branches serialise it, so
 // converting 8 values at once needs fewer live registers than with softplus(); the forward's register-starved
-// variant (16-bit inputs at 128 registers) measured faster with it (docs/performance.md).
+// variant (16-bit inputs at 128 registers) measured faster with it (validation/optimisation-log.md).
 __device__ __forceinline__ float softplus_serial(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }
 
 // z * sigmoid(z) with the fast-math division upstream's build uses.

@@ -10,7 +10,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------------- thresholds
 // Every number that decides which kernel runs, or how it is laid out. The measurements named are in
-// docs/performance.md (optimisation log); all were taken on the H200.
+// validation/optimisation-log.md; all were taken on the H200.
 
 // Shared-memory classes by the per-block opt-in limit: 227 KB (sm_90, sm_100), 99-163 KB (sm_80/87: 163 KB; sm_86/89
 // and the consumer Blackwell parts, sm_120: 99 KB), below (sm_75: 64 KB, sm_70: 96 KB).
