@@ -33,12 +33,14 @@ constexpr int64_t kFwdTsMinBlocksPerSm = 4;
 
 // Backward. The thread-states kernel by default: 4 warps per 32-channel tile (dstate 13-16), calls of at least
 // kBwdTsMinWarps warps, on large-class GPUs (the H200 is the one measured). 1x2048x65536:16 (256 warps) and
-// 1x5120x512:16 (640) measured faster on the warp-scan backward; the 1536-warp rows faster on the thread-states one.
+// 1x5120x512:16 (640) measured faster on the warp-scan backward; the rows of 1536 and 2560 warps faster on the
+// thread-states one.
 constexpr int kBwdTsDefaultTpc = 4;
 constexpr int64_t kBwdTsMinWarps = 1024;
-// The warp-scan backward's shared memory per block by class: its launch bounds ask for 2 blocks per SM, so on
-// large-class parts a block's staging rounds get about 100 KB and the per-warp state arrays the rest up to 200 KB;
-// the smaller classes scale down with their limit (design choices, not tuned).
+// The warp-scan backward's shared memory by class. The block cap stays within the class's opt-in limit (227 KB,
+// 99 KB and more, 64 KB); the staging budget (staged B/C rows and dB/dC reduction buffers, which set the states per
+// barrier round) keeps a block near 100 KB in all on large-class parts, so two blocks share an SM as the kernel's
+// launch bounds ask. Design choices, not tuned.
 constexpr size_t kBwdBlockSmem[] = {64 * 1024, 96 * 1024, 200 * 1024};     // small, medium, large
 constexpr int64_t kBwdStagingSmem[] = {32 * 1024, 48 * 1024, 80 * 1024};   // staged B/C rows + reduction buffers
 // At most this many states per staging round of variable B/C (a design choice, not tuned).
