@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "selscan/selscan.h"
+
 namespace selscan::cuda {
 namespace {
 
@@ -50,7 +52,8 @@ constexpr int kBwdMaxStateTile = 8;
 constexpr int64_t kDetTargetBlocks = 512;
 
 constexpr int64_t kMaxGridBlocks = 0x7fffffff;  // CUDA's grid.x limit
-constexpr size_t kWorkspaceAlign = 256;         // every workspace region starts on a 256-byte boundary
+// Every workspace region starts on this boundary, as the workspace itself does, so regions stay aligned in memory.
+constexpr size_t kWorkspaceAlign = SELSCAN_WORKSPACE_ALIGNMENT;
 
 size_t align_up(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
