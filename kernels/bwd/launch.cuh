@@ -1,6 +1,6 @@
 // The backward launch for one itype: the main kernel the plan names (thread-states, ts.cuh, or warp-scan, warp.cuh;
 // src/cuda/select.cpp chose it), then the fixed-order parameter sums and the variable dB/dC conversion both share
-// (reduce.cuh). Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
+// (reduce.cuh, one launch). Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,22 +70,14 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
     if (Status s = launch_status("backward: launching the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
 
-  bwd_params<kC><<<grid_for(p.dim * p.dstate, 256), 256, 0, st>>>(a);
-  if (Status s = launch_status("backward: launching the backward parameter reduction"); s != SELSCAN_STATUS_SUCCESS)
-    return s;
-
   const int64_t Lr = p.seqlen * (kC ? 2 : 1);
   const int64_t rows = p.batch * p.groups * p.dstate;
-  if (p.var_B) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vb, plan.images, plan.var_elems, plan.var_row, p.dB,
-                                                             p.groups, p.dstate, Lr, rows);
-    if (Status s = launch_status("backward: launching the dB conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
-  }
-  if (p.var_C) {
-    bwd_var_out<T><<<grid_for(rows * Lr, 256), 256, 0, st>>>(a.vc, plan.images, plan.var_elems, plan.var_row, p.dC,
-                                                             p.groups, p.dstate, Lr, rows);
-    if (Status s = launch_status("backward: launching the dC conversion"); s != SELSCAN_STATUS_SUCCESS) return s;
-  }
+  const FinishGrid g{grid_for(p.dim * p.dstate, 256), p.var_B ? grid_for(rows * Lr, 256) : 0,
+                     p.var_C ? grid_for(rows * Lr, 256) : 0, plan.images};
+  bwd_finish<T, kC><<<static_cast<unsigned>(g.params + g.dB + g.dC), 256, 0, st>>>(a, g);
+  if (Status s = launch_status("backward: launching the parameter sums and dB/dC conversion");
+      s != SELSCAN_STATUS_SUCCESS)
+    return s;
   return SELSCAN_STATUS_SUCCESS;
 }
 

@@ -1,6 +1,7 @@
 // What both backward kernels (warp.cuh, ts.cuh) share: their parameters, the float4 atomic add into the variable
-// dB/dC images, and the two kernels that finish every backward: the fixed-order sums over batch of the per-(b,d)
-// partials (dA, constant dB/dC, dD, ddelta_bias) and the conversion of the fp32 dB/dC images into the itype outputs.
+// dB/dC images, and the kernel that finishes every backward (bwd_finish): the fixed-order sums over batch of the
+// per-(b,d) partials (dA, constant dB/dC, dD, ddelta_bias) and the conversion of the fp32 dB/dC images into the itype
+// outputs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,15 +40,16 @@ __device__ __forceinline__ void add_f4(float* dst, float4 v) {
 #endif
 }
 
-// dA, constant dB/dC, dD, ddelta_bias: fixed-order sums over batch of the per-(b,d) partials.
+// dA, constant dB/dC, dD, ddelta_bias: fixed-order sums over batch of the per-(b,d) partials, by block `block` of
+// `blocks`.
 template <bool kC>
-__global__ void bwd_params(const Args args) {
+__device__ void params_part(const Args& args, int64_t block, int64_t blocks) {
   using W = typename Weights<kC>::W;
   const Problem& p = args.p;
   const int64_t N = p.dstate, D = p.dim, Bt = p.batch;
   const W* pw = reinterpret_cast<const W*>(args.pw);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < D * N; i += stride) {
+  const int64_t stride = blocks * blockDim.x;
+  for (int64_t i = block * blockDim.x + threadIdx.x; i < D * N; i += stride) {
     const int64_t d = i / N, n = i % N;
     W sA = wzero<W>(), sB = wzero<W>(), sC = wzero<W>();
     for (int64_t b = 0; b < Bt; ++b) {
@@ -59,7 +61,7 @@ __global__ void bwd_params(const Args args) {
     if (!p.var_B) st_w<kC>(p.dB.p, d * p.dB.s[0] + n * p.dB.s[1], sB);
     if (!p.var_C) st_w<kC>(p.dC.p, d * p.dC.s[0] + n * p.dC.s[1], sC);
   }
-  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += stride) {
+  for (int64_t d = block * blockDim.x + threadIdx.x; d < D; d += stride) {
     float sD = 0.f, sb = 0.f;
     for (int64_t b = 0; b < Bt; ++b) {
       sD += args.ps[b * D + d];
@@ -70,12 +72,13 @@ __global__ void bwd_params(const Args args) {
   }
 }
 
-// Variable dB/dC: the fp32 image(s) (summed over `nimg` slot partials in order) into the itype view.
+// Variable dB/dC: the fp32 image(s) (summed over `nimg` slot partials in order) into the itype view, by block
+// `block` of `blocks`.
 template <typename T>
-__global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, int64_t Lp, View out, int64_t G,
-                            int64_t N, int64_t Lr, int64_t rows) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * Lr; i += stride) {
+__device__ void var_out_part(const float* img, int64_t nimg, int64_t img_elems, int64_t Lp, const View& out,
+                             int64_t G, int64_t N, int64_t Lr, int64_t rows, int64_t block, int64_t blocks) {
+  const int64_t stride = blocks * blockDim.x;
+  for (int64_t i = block * blockDim.x + threadIdx.x; i < rows * Lr; i += stride) {
     const int64_t t = i % Lr;
     const int64_t row = i / Lr;
     float s = 0.f;
@@ -87,4 +90,31 @@ __global__ void bwd_var_out(const float* img, int64_t nimg, int64_t img_elems, i
   }
 }
 
+// The block ranges of bwd_finish: its first `params` blocks sum the parameters, the next `dB` blocks convert
+// dB, the last `dC` blocks dC. One launch instead of three: the backward is short on large batches of small calls,
+// where each launch costs the caller microseconds of host time.
+struct FinishGrid {
+  int64_t params, dB, dC;
+  int64_t images;  // dB/dC images summed per element (the plan's; 1 unless deterministic)
+};
+
+template <typename T, bool kC>
+__global__ void bwd_finish(const Args args, const FinishGrid g) {
+  const Problem& p = args.p;
+  const int64_t b = blockIdx.x;
+  if (b < g.params) {
+    params_part<kC>(args, b, g.params);
+    return;
+  }
+  const int64_t Lr = p.seqlen * (kC ? 2 : 1), rows = p.batch * p.groups * p.dstate;
+  const int64_t nimg = g.images;
+  if (b < g.params + g.dB)
+    var_out_part<T>(args.vb, nimg, args.var_elems, args.var_row, p.dB, p.groups, p.dstate, Lr, rows, b - g.params,
+                    g.dB);
+  else
+    var_out_part<T>(args.vc, nimg, args.var_elems, args.var_row, p.dC, p.groups, p.dstate, Lr, rows,
+                    b - g.params - g.dB, g.dC);
+}
+
 }  // namespace selscan::kern::bwd
+

@@ -23,7 +23,7 @@
 // Inputs of a tile are copied raw into shared memory with cp.async while the previous tile computes, then
 // converted once (softplus, the z gate, dz and out_z) by the thread that owns those (channel, 4 steps).
 // Per-(b,d) partials of dA, constant dB/dC, dD and ddelta_bias go to the workspace like the warp-scan
-// kernel's and are summed over batch by bwd_params (reduce.cuh) in fixed order.
+// kernel's and are summed over batch by bwd_finish (reduce.cuh) in fixed order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       }
     }
 
-    // ---- per-(b,d) partials (summed over batch by bwd_params) and dh0
+    // ---- per-(b,d) partials (summed over batch by bwd_finish) and dh0
     const int64_t bd = b * D + d;
 #pragma unroll
     for (int s = 0; s < kS; ++s) {

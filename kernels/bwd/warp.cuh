@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
         }
       }
 
-      // Per-(b,d) partials (summed over batch by bwd_params) and dh0.
+      // Per-(b,d) partials (summed over batch by bwd_finish) and dh0.
       dD_l = warp_sum(dD_l);
       ddb_l = warp_sum(ddb_l);
       if (active) {
