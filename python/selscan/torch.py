@@ -474,13 +474,19 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     D, delta_bias: (dim,) float32. Returns out (out * silu(z) when z is given), and last_state
     (batch, dim, dstate) when return_last_state."""
     _check_io_dtype(u)
+    if delta is None or A is None or B is None or C is None:
+        missing = next(n for n, t in (("delta", delta), ("A", A), ("B", B), ("C", C)) if t is None)
+        raise SelscanError(f"{missing} is required (got None)", _lib.STATUS_INVALID_ARGUMENT)
     softplus, want_last = bool(delta_softplus), bool(return_last_state)
     if _HAS_CUSTOM_OP and _is_compiling():
         out, out_z, _, last_state = torch.ops.selscan.selective_scan_fwd(u, delta, A, B, C, D, z, delta_bias, softplus)
         y = out_z if z is not None else out
         return (y, last_state) if want_last else y
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (u, delta, A, B, C, D, z, delta_bias)):
+    # Spelled out rather than any(...) over a tuple: this runs on every call, per layer and token.
+    if torch.is_grad_enabled() and (u.requires_grad or delta.requires_grad or A.requires_grad or B.requires_grad
+                                    or C.requires_grad or (D is not None and D.requires_grad)
+                                    or (z is not None and z.requires_grad)
+                                    or (delta_bias is not None and delta_bias.requires_grad)):
         return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
     # No gradient wanted: no autograd node, no chunk states.
     r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, softplus, False, want_last)

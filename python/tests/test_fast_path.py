@@ -145,6 +145,15 @@ def test_torch_fast_path_matches_general_path(transposed, param_dtype):
         assert len(plans) == 1, f"{kind}: expected one reused plan, got {len(plans)}"
 
 
+def test_torch_missing_required_is_selscan_error():
+    u, delta, A, B, C, D, z, bias = torch_case(11)
+    for i, name in ((1, "delta"), (2, "A"), (3, "B"), (4, "C")):
+        args = [u, delta, A, B, C, D, z, bias]
+        args[i] = None
+        with pytest.raises(selscan.SelscanError, match=f"{name} is required"):
+            selective_scan_fn(*args)
+
+
 def test_torch_inference_needs_no_autograd_node():
     ts = torch_case(5)
     with torch.no_grad():
