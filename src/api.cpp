@@ -8,6 +8,7 @@
 #include "dispatch.h"
 #include "errors.h"
 #include "selscan/selscan.h"
+#include "state_update.h"
 #include "validate.h"
 
 namespace {
@@ -112,6 +113,11 @@ SELSCAN_API selscan_status_t selscan_fwd(const selscan_fwd_args_t* args, const s
 
 SELSCAN_API selscan_status_t selscan_bwd(const selscan_bwd_args_t* args, const selscan_exec_t* exec) {
   return execute(selscan::Op::bwd, args, exec, selscan::make_bwd_problem);
+}
+
+SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,
+                                                  const selscan_exec_t* exec) {
+  return guarded([&] { return selscan::state_update(args, exec); });
 }
 
 }  // extern "C"

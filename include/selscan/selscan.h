@@ -7,6 +7,7 @@
  *   3. dtypes, devices and the tensor descriptor
  *   4. the execution context (device, stream, workspace)
  *   5. forward and backward argument structs
+ *   5b. the decode step: its argument struct and entry point (selscan_state_update)
  *   6. entry points
  *
  * Conventions
@@ -22,7 +23,8 @@
  *     complex tensors; real elements for the interleaved (Bt, G, N, 2L) complex B/C).
  *   - An optional tensor is absent when its data pointer is NULL.
  *   - Outputs own their memory: no output may share a byte with any other tensor of the call (input or output;
- *     no in-place use is supported), and no two elements of one output may share a byte (BAD_LAYOUT).
+ *     the one in-place argument is selscan_state_update's state), and no two elements of one output may share a
+ *     byte (BAD_LAYOUT).
  *   - No hidden device allocation and no device synchronisation: GPU calls only enqueue work on the given
  *     stream (plus cudaMemsetAsync into the caller's outputs/workspace), so they can be captured in CUDA graphs.
  *     See docs/abi.md for the full reference (layouts, numerics, thread-safety).
@@ -82,7 +84,9 @@ typedef enum selscan_dtype_t {
   SELSCAN_DTYPE_FLOAT32 = 0,
   SELSCAN_DTYPE_FLOAT16 = 1,  /* IEEE binary16 */
   SELSCAN_DTYPE_BFLOAT16 = 2,
-  SELSCAN_DTYPE_COMPLEX64 = 3 /* two float32: real, imaginary */
+  SELSCAN_DTYPE_COMPLEX64 = 3, /* two float32: real, imaginary */
+  SELSCAN_DTYPE_INT32 = 4,     /* index tensors only (state_batch_indices) */
+  SELSCAN_DTYPE_INT64 = 5      /* index tensors only */
 } selscan_dtype_t;
 
 typedef enum selscan_device_kind_t {
@@ -195,6 +199,69 @@ typedef struct selscan_bwd_args_t {
    SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0}
+
+/* --------------------------------------------------------------------------------------------- 5b */
+/*
+ * The decode step, upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
+ * state in place, and each token gets its output. T > 1 serves speculative decoding.
+ *
+ * Two forms, told apart by state's ndim. The Mamba-1 form is the heads form with H = D heads of P = 1
+ * channel each, so both run through one code path (and one kernel):
+ *                        Mamba-1 form (state 3-D)        heads form (state 4-D)
+ *   state  (in and out)  (S, D, N)                       (S, H, P, N)        FLOAT32, or x's dtype
+ *   x, dt, z, out        (Bt, D)  or (Bt, T, D)          (Bt, H, P)  or (Bt, T, H, P)
+ *   A                    (D, N)                          (H, P, N)           FLOAT32
+ *   D, dt_bias           (D,)                            (H, P)              FLOAT32
+ *   B, C                 (Bt, [T,] [G,] N) in both forms: the T dim iff x has one; without a G dim, G = 1
+ *   state_batch_indices  (Bt,)                                               INT32 or INT64
+ * x is FLOAT32, FLOAT16 or BFLOAT16 (itype); out has x's dtype; dt, z, B and C are each FLOAT32 or itype.
+ * N = dstate in [1, SELSCAN_MAX_DSTATE]; G divides H (D in the Mamba-1 form) and head h uses group h / (H / G).
+ * Any non-negative strides: inputs may broadcast with stride 0 (Mamba-2 passes A (H, P, N) with strides
+ * (1, 0, 0), and dt, D and dt_bias with stride 0 over P), and B and C may be views of one tensor. The outputs,
+ * out and state, may not share memory with each other, with any input, or between their own elements.
+ *
+ * Math, per sequence b, token t (in order), head h, channel p, state n, in fp32 (docs/serving.md):
+ *   dt' = dt + dt_bias;  with dt_softplus, dt' = softplus(dt') (dt' itself above 20)
+ *   s_n = s_n * exp(A[h,p,n] dt') + B[b,t,g,n] dt' x            (s: the state of slot idx[b], channel (h, p))
+ *   out = sum_n s_n C[b,t,g,n] + D[h,p] x;  with z, out *= z * sigmoid(z)
+ * The slot's state is read once, carried in fp32 through the T tokens and written back once (rounded to its
+ * dtype). out uses the unrounded state.
+ *
+ * Slots. Without state_batch_indices, S must equal Bt and sequence b uses slot b. With it, sequence b uses
+ * slot idx[b], and an entry equal to pad_slot_id is padding: that sequence's out is 0 and no slot is read or
+ * written (CUDA-graph batches padded to a fixed size). The indices are read on the device only, so the call
+ * cannot report a bad one: an entry outside [0, S) that is not pad_slot_id writes NaN to its out and touches no
+ * slot; two sequences naming the same slot leave that slot undefined. Slots no sequence names are untouched.
+ *
+ * Needs no workspace. Like every call it only enqueues work on exec's stream: CUDA-graph capturable.
+ */
+typedef struct selscan_state_update_args_t {
+  size_t struct_size;                   /* sizeof(selscan_state_update_args_t) */
+  /* inputs */
+  selscan_tensor_t x, dt, A, B, C;
+  selscan_tensor_t D;                   /* optional: skip connection, out += D * x */
+  selscan_tensor_t z;                   /* optional: gate, out *= z * sigmoid(z) */
+  selscan_tensor_t dt_bias;             /* optional */
+  selscan_tensor_t state_batch_indices; /* optional: the slot of each sequence */
+  int64_t pad_slot_id;                  /* the index entry that means padding (SELSCAN_STATE_UPDATE_ARGS_INIT: -1) */
+  int32_t dt_softplus;                  /* 0 or 1 */
+  int32_t flags;                        /* reserved, must be 0 */
+  /* in and out */
+  selscan_tensor_t state;               /* the state pool, updated in place */
+  /* output */
+  selscan_tensor_t out;
+} selscan_state_update_args_t;
+
+/* Every tensor absent, pad_slot_id -1 (upstream's and vLLM's PAD_SLOT_ID), softplus off, flags 0. A struct
+ * zeroed by other means has pad_slot_id 0: set it. */
+#define SELSCAN_STATE_UPDATE_ARGS_INIT                                                                        \
+  {sizeof(selscan_state_update_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,         \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
+   SELSCAN_TENSOR_INIT, -1, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
+
+/* The decode step. All tensors live on exec's device; exec's workspace is not used. Asynchronous on CUDA. */
+SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,
+                                                  const selscan_exec_t* exec);
 
 /* ---------------------------------------------------------------------------------------------- 6 */
 /* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.2.0" */

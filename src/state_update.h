@@ -1,0 +1,59 @@
+// The decode step (selscan_state_update) below the API layer: the one internal description of a call, built by
+// state_update.cpp from the public struct, and the two implementations that consume it. POD, so the CUDA
+// launcher passes it by value as a kernel parameter. No CUDA or fmt headers here.
+//
+// Both public forms arrive here as the heads form (b, t, h, p, n): the Mamba-1 form is H = D heads of P = 1
+// channel, with the P strides 0. Every tensor keeps its caller's strides (in elements of its own dtype); a
+// broadcast input has stride 0 there.
+#pragma once
+
+#include <cstdint>
+
+#include "errors.h"
+#include "problem.h"
+#include "selscan/selscan.h"
+
+namespace selscan {
+
+struct StateUpdate {
+  // sizes
+  int64_t batch, tokens, heads, headdim, dstate, groups, slots;
+  int64_t heads_per_group;  // heads / groups: head h reads group h / heads_per_group
+  int64_t pad_slot;         // state_batch_indices entry meaning "padding"
+  // dtypes: out has x's; state is f32 or x's
+  Dtype x_t, dt_t, B_t, C_t, z_t, state_t;
+  bool softplus;
+  bool idx64;  // state_batch_indices is INT64 (else INT32)
+
+  // data (absent optional inputs: nullptr)
+  const void *x, *dt, *A, *B, *C, *D, *z, *dt_bias, *idx;
+  void *state, *out;
+  // strides
+  int64_t sx[4], sdt[4], sz[4], sout[4];  // (b, t, h, p)
+  int64_t sB[4], sC[4];                   // (b, t, g, n)
+  int64_t sA[3];                          // (h, p, n)
+  int64_t sD[2], sbias[2];                // (h, p)
+  int64_t sstate[4];                      // (slot, h, p, n)
+  int64_t sidx;                           // (b)
+
+  int64_t channels() const { return heads * headdim; }
+};
+
+// Validates the public struct (any accepted struct_size) and fills `out`; every failure records a message that
+// names the argument and the value given. Allocates and formats nothing unless it fails.
+Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* out);
+// Validation, then the CPU path or the CUDA launcher on exec's device.
+Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec);
+
+namespace cpu {
+// Synchronous, on up to num_threads workers (0 = all hardware threads; small calls run on the caller's thread).
+Status state_update(const StateUpdate& p, int num_threads);
+}  // namespace cpu
+
+namespace cuda {
+// Defined in kernels/decode/: enqueues the kernel on `stream` (a cudaStream_t) on the current device. No
+// allocation, no synchronisation, no device query. SUCCESS or CUDA_ERROR (with the runtime's text).
+Status launch_state_update(const StateUpdate& p, void* stream);
+}  // namespace cuda
+
+}  // namespace selscan

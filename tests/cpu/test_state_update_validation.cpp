@@ -1,0 +1,198 @@
+// Argument checking of selscan_state_update: every rule gives its status and a message that names the argument
+// and prints the value given, and a rejected call writes nothing (out stays poisoned, the pool unchanged).
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "state_update_case.h"
+
+namespace selscan_test {
+namespace {
+
+struct Fixture {
+  StateUpdateCase c;
+  std::vector<unsigned char> state0;
+  selscan_state_update_args_t a;
+
+  explicit Fixture(StateUpdateSpec s = {}) {
+    if (s.pool == 0) s.pool = 5;
+    s.has_z = true;
+    c = make_state_update_case(s);
+    c.out.fill_bytes(kPoison);
+    state0 = c.state.storage;
+    a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, c.idx_storage.data());
+  }
+};
+
+// Runs `a` and expects `status` with every fragment in the message, and nothing written.
+void expect_rejected(Fixture& f, const selscan_state_update_args_t* a, selscan_status_t status,
+                     const std::vector<std::string>& fragments, const selscan_exec_t& exec = cpu_exec(1)) {
+  const selscan_status_t got = selscan_state_update(a, &exec);
+  const std::string msg = selscan_last_error();
+  EXPECT_EQ(got, status) << msg;
+  for (const std::string& frag : fragments)
+    EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+  EXPECT_TRUE(f.c.state.storage == f.state0) << "a rejected call changed the state pool: " << msg;
+  for (unsigned char byte : f.c.out.storage) ASSERT_EQ(byte, kPoison) << "a rejected call wrote out: " << msg;
+}
+
+void expect_rejected(Fixture& f, const std::function<void(selscan_state_update_args_t&)>& mutate,
+                     selscan_status_t status, const std::vector<std::string>& fragments) {
+  selscan_state_update_args_t a = f.a;
+  mutate(a);
+  expect_rejected(f, &a, status, fragments);
+}
+
+TEST(CpuStateUpdateValidation, TheFixtureIsValid) {
+  Fixture f;
+  const selscan_exec_t e = cpu_exec(1);
+  EXPECT_EQ(selscan_state_update(&f.a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+}
+
+TEST(CpuStateUpdateValidation, StructAndFlags) {
+  Fixture f;
+  expect_rejected(f, nullptr, SELSCAN_STATUS_INVALID_ARGUMENT, {"selscan_state_update_args", "NULL"});
+  expect_rejected(f, [](auto& a) { a.struct_size = 16; }, SELSCAN_STATUS_BAD_STRUCT_SIZE, {"struct_size is 16"});
+  expect_rejected(f, [](auto& a) { a.struct_size = size_t{1} << 20; }, SELSCAN_STATUS_BAD_STRUCT_SIZE,
+                  {"struct_size is 1048576"});
+  expect_rejected(f, [](auto& a) { a.flags = 4; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"flags", "got 4"});
+  expect_rejected(f, [](auto& a) { a.dt_softplus = 2; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"dt_softplus", "got 2"});
+  // A newer caller's larger struct: accepted while the bytes this library does not know are zero.
+  struct Newer {
+    selscan_state_update_args_t a;
+    int64_t future_field;
+  } n{f.a, 0};
+  n.a.struct_size = sizeof(Newer);
+  const selscan_exec_t e = cpu_exec(1);
+  EXPECT_EQ(selscan_state_update(&n.a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  Fixture g;
+  Newer m{g.a, 3};
+  m.a.struct_size = sizeof(Newer);
+  expect_rejected(g, &m.a, SELSCAN_STATUS_UNSUPPORTED, {"not 0", "newer version"});
+}
+
+TEST(CpuStateUpdateValidation, ExecContext) {
+  Fixture f;
+  selscan_exec_t e = cpu_exec(1);
+  e.device_kind = 7;
+  expect_rejected(f, &f.a, SELSCAN_STATUS_INVALID_ARGUMENT, {"device_kind", "got 7"}, e);
+  EXPECT_EQ(selscan_state_update(&f.a, nullptr), SELSCAN_STATUS_INVALID_ARGUMENT);
+#if !SELSCAN_WITH_CUDA
+  e = cpu_exec(1);
+  e.device_kind = SELSCAN_DEVICE_CUDA;
+  expect_rejected(f, &f.a, SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"}, e);
+#endif
+}
+
+TEST(CpuStateUpdateValidation, StateDecidesTheForm) {
+  Fixture f;
+  expect_rejected(f, [](auto& a) { a.state.data = nullptr; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"state", "NULL"});
+  expect_rejected(f, [](auto& a) { a.state.ndim = 2; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"state", "got (5, 8)"});
+  expect_rejected(f, [](auto& a) { a.state.ndim = 9; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"state", "ndim=9"});
+  expect_rejected(f, [](auto& a) { a.state.sizes[1] = 0; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"state", "(5, 0, 16)"});
+  expect_rejected(f, [](auto& a) { a.state.dtype = SELSCAN_DTYPE_COMPLEX64; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"state", "complex64"});
+  expect_rejected(f, [](auto& a) { a.state.dtype = SELSCAN_DTYPE_FLOAT16; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"state", "x's dtype", "got float16"});
+}
+
+TEST(CpuStateUpdateValidation, DstateLimit) {
+  StateUpdateSpec s;
+  s.dstate = 257;
+  Fixture f(s);
+  expect_rejected(f, [](auto&) {}, SELSCAN_STATUS_UNSUPPORTED, {"dstate", "got 257"});
+}
+
+TEST(CpuStateUpdateValidation, ShapesOfTheInputs) {
+  Fixture f;
+  expect_rejected(f, [](auto& a) { a.x.sizes[1] = 9; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"x:", "(8,)", "got (3, 9)"});
+  expect_rejected(f, [](auto& a) { a.x.dtype = 42; }, SELSCAN_STATUS_DTYPE_MISMATCH, {"x:", "dtype code 42"});
+  expect_rejected(f, [](auto& a) { a.x.sizes[0] = 0; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"x:", "got (0, 8)"});
+  expect_rejected(f, [](auto& a) { a.dt.sizes[0] = 2; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"dt:", "(3, 8)", "(2, 8)"});
+  expect_rejected(f, [](auto& a) { a.dt.dtype = SELSCAN_DTYPE_BFLOAT16; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"dt:", "got bfloat16"});
+  expect_rejected(f, [](auto& a) { a.z.sizes[1] = 4; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"z:", "got (3, 4)"});
+  expect_rejected(f, [](auto& a) { a.A.sizes[1] = 15; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"A:", "(8, 16)", "(8, 15)"});
+  expect_rejected(f, [](auto& a) { a.A.dtype = SELSCAN_DTYPE_FLOAT16; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"A:", "float16"});
+  expect_rejected(f, [](auto& a) { a.D.sizes[0] = 7; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"D:", "(8,)", "(7,)"});
+  expect_rejected(f, [](auto& a) { a.dt_bias.dtype = SELSCAN_DTYPE_INT32; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"dt_bias", "int32"});
+  expect_rejected(f, [](auto& a) { a.B.sizes[1] = 17; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"B:", "(3, 16)", "(3, 17)"});
+  expect_rejected(f, [](auto& a) { a.C.data = nullptr; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"C:", "NULL"});
+  expect_rejected(f, [](auto& a) { a.out.dtype = SELSCAN_DTYPE_FLOAT16; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+                  {"out:", "float16"});
+  expect_rejected(f, [](auto& a) { a.out.data = nullptr; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"out:", "NULL"});
+}
+
+TEST(CpuStateUpdateValidation, Groups) {
+  StateUpdateSpec s;
+  s.groups = 2;
+  Fixture f(s);
+  expect_rejected(f, [](auto& a) { a.C.sizes[1] = 4; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"C:", "groups as B (2)", "4"});
+  expect_rejected(f, [](auto& a) { a.B.sizes[1] = a.C.sizes[1] = 3; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+                  {"groups (3) must divide dim (8)"});
+}
+
+TEST(CpuStateUpdateValidation, IndicesAndSlots) {
+  Fixture f;
+  expect_rejected(f, [](auto& a) { a.state_batch_indices.dtype = SELSCAN_DTYPE_FLOAT32; },
+                  SELSCAN_STATUS_DTYPE_MISMATCH, {"state_batch_indices", "int32 or int64", "float32"});
+  expect_rejected(f, [](auto& a) { a.state_batch_indices.sizes[0] = 4; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+                  {"state_batch_indices", "(3,)", "(4,)"});
+  expect_rejected(f, [](auto& a) { a.state_batch_indices.data = nullptr; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+                  {"state:", "3 slots", "without state_batch_indices", "(5, 8, 16)"});
+}
+
+TEST(CpuStateUpdateValidation, Layouts) {
+  Fixture f;
+  expect_rejected(f, [](auto& a) { a.x.strides[0] = -8; }, SELSCAN_STATUS_BAD_LAYOUT, {"x:", "negative", "-8"});
+  expect_rejected(f, [](auto& a) { a.B.data = static_cast<char*>(a.B.data) + 1; }, SELSCAN_STATUS_BAD_LAYOUT,
+                  {"B:", "not aligned"});
+  expect_rejected(f, [](auto& a) { a.A.strides[0] = INT64_MAX / 4; }, SELSCAN_STATUS_UNSUPPORTED,
+                  {"A:", "64-bit"});
+  // An element span that fits int64 but whose byte span does not.
+  expect_rejected(f, [](auto& a) { a.A.strides[0] = INT64_MAX / 8; }, SELSCAN_STATUS_UNSUPPORTED, {"A:", "byte"});
+  expect_rejected(f, [](auto& a) { a.out.strides[1] = 0; }, SELSCAN_STATUS_BAD_LAYOUT, {"out:", "overlap"});
+  expect_rejected(f, [](auto& a) { a.state.strides[1] = 8; }, SELSCAN_STATUS_BAD_LAYOUT,
+                  {"state:", "overlap", "stride 8"});
+  // Inputs may broadcast (stride 0).
+  selscan_state_update_args_t a = f.a;
+  a.A.strides[1] = 0;
+  a.dt.strides[0] = 0;
+  const selscan_exec_t e = cpu_exec(1);
+  EXPECT_EQ(selscan_state_update(&a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+}
+
+TEST(CpuStateUpdateValidation, OutputsMayNotAlias) {
+  Fixture f;
+  expect_rejected(f, [](auto& a) { a.out.data = a.x.data; }, SELSCAN_STATUS_BAD_LAYOUT, {"out", "overlap", "x"});
+  expect_rejected(f, [](auto& a) { a.state.data = a.B.data, a.state.dtype = a.B.dtype; }, SELSCAN_STATUS_BAD_LAYOUT,
+                  {"state", "overlap", "B"});
+  expect_rejected(f, [&](auto& a) { a.state_batch_indices.data = f.c.out.storage.data() + 64; },
+                  SELSCAN_STATUS_BAD_LAYOUT, {"overlap", "state_batch_indices"});
+  // Inputs may share memory: B and C as views of one tensor.
+  selscan_state_update_args_t a = f.a;
+  a.C = a.B;
+  const selscan_exec_t e = cpu_exec(1);
+  EXPECT_EQ(selscan_state_update(&a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+}
+
+TEST(CpuStateUpdateValidation, HeadsFormShapes) {
+  StateUpdateSpec s;
+  s.heads = true, s.nheads = 4, s.headdim = 2, s.groups = 2;
+  Fixture f(s);
+  expect_rejected(f, [](auto& a) { a.x.sizes[2] = 3; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+                  {"x:", "heads", "(4, 2)", "got (3, 4, 3)"});
+  expect_rejected(f, [](auto& a) { a.A.ndim = 2; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"A:", "(4, 2, 16)"});
+  expect_rejected(f, [](auto& a) { a.D.sizes[1] = 1; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"D:", "(4, 2)", "(4, 1)"});
+  expect_rejected(f, [](auto& a) { a.B.sizes[1] = a.C.sizes[1] = 3; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+                  {"groups (3) must divide heads (4)"});
+}
+
+}  // namespace
+}  // namespace selscan_test
