@@ -209,3 +209,10 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
         plan.info[1](ts, stream, 0)
     y = outs[1] if z is not None else outs[0]
     return (y, outs[-1]) if want_last else y
+
+
+# ------------------------------------------------------------------------------------------- decode step
+# selscan.selective_state_update (python/selscan/_decode.py): numpy, torch and CuPy.
+from ._decode import selective_state_update  # noqa: E402
+
+__all__.append("selective_state_update")

@@ -496,3 +496,10 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
         out, out_z, _, last_state = r[1]
     y = out_z if z is not None else out
     return (y, last_state) if want_last else y
+
+
+# ------------------------------------------------------------------------------------------- decode step
+# selscan.torch.selective_state_update and the op selscan::selective_state_update (_decode_torch.py).
+from ._decode_torch import selective_state_update, selective_state_update_op  # noqa: E402
+
+__all__ += ["selective_state_update", "selective_state_update_op"]

@@ -89,7 +89,9 @@ struct Idx {
   }
 };
 
-Idx idx_of(const StateUpdateSpec& s) { return Idx{s.heads, s.tokens_dim || s.tokens > 1, s.groups_dim || s.groups > 1}; }
+Idx idx_of(const StateUpdateSpec& s) {
+  return Idx{s.heads, s.tokens_dim || s.tokens > 1, s.groups_dim || s.groups > 1};
+}
 
 selscan_tensor_t desc_at(const Tensor& t, const Case::PtrMap& ptr) {
   return t.present() ? t.desc(ptr(const_cast<Tensor&>(t))) : selscan_tensor_t{};
@@ -388,6 +390,103 @@ void expect_state_update_ok(const StateUpdateCase& after, const StateUpdateCase&
   for (size_t i = 0; i < 8; ++i)
     EXPECT_TRUE(ins[i].second->storage == ins_before[i]->storage) << what << ": input " << ins[i].first << " changed";
   EXPECT_TRUE(after.idx_storage == before.idx_storage) << what << ": state_batch_indices changed";
+}
+
+std::vector<NamedStateUpdateSpec> state_update_matrix() {
+  constexpr int32_t kF32 = SELSCAN_DTYPE_FLOAT32, kF16 = SELSCAN_DTYPE_FLOAT16, kBF16 = SELSCAN_DTYPE_BFLOAT16;
+  std::vector<NamedStateUpdateSpec> m;
+  uint64_t seed = 100;
+  auto add = [&](std::string name, StateUpdateSpec s) {
+    s.seed = ++seed;
+    m.push_back({std::move(name), s});
+  };
+  // (x dtype, state dtype): the state is float32 or x's dtype
+  const std::pair<int32_t, int32_t> dtypes[] = {
+      {kF32, kF32}, {kF16, kF32}, {kF16, kF16}, {kBF16, kF32}, {kBF16, kBF16}};
+  for (const auto& [it, sd] : dtypes)
+    for (bool z : {false, true}) {
+      StateUpdateSpec s;
+      s.batch = 3, s.nheads = 24, s.dstate = 16, s.itype = it, s.state_dtype = sd, s.has_z = z;
+      add(std::string("mamba1_x") + dtype_str(it) + "_state" + dtype_str(sd) + (z ? "_z" : ""), s);
+    }
+  for (int32_t it : {kF32, kBF16})
+    for (int64_t G : {1, 2, 3})
+      for (bool bcast : {false, true}) {
+        StateUpdateSpec s;
+        s.heads = true, s.batch = 2, s.nheads = 6, s.headdim = 8, s.dstate = 16, s.groups = G, s.groups_dim = true;
+        s.itype = it, s.has_z = true, s.broadcast = bcast;
+        add(std::string("heads_") + dtype_str(it) + "_G" + std::to_string(G) + (bcast ? "_broadcast" : ""), s);
+      }
+  for (int64_t G : {1, 4}) {
+    StateUpdateSpec s;
+    s.batch = 2, s.nheads = 24, s.groups = G, s.groups_dim = true, s.has_z = true;
+    add("mamba1_grouped_G" + std::to_string(G), s);
+  }
+  for (int mask = 0; mask < 16; ++mask)
+    for (bool heads : {false, true}) {
+      StateUpdateSpec s;
+      s.heads = heads, s.nheads = 5, s.headdim = 4, s.dstate = 8;
+      s.has_D = mask & 1, s.has_z = mask & 2, s.has_bias = mask & 4, s.softplus = mask & 8;
+      add(std::string(heads ? "heads" : "mamba1") + "_optional" + std::to_string(mask), s);
+    }
+  for (bool heads : {false, true})
+    for (int64_t T : {1, 2, 5})
+      for (int32_t sd : {kF32, kBF16}) {
+        StateUpdateSpec s;
+        s.heads = heads, s.batch = 3, s.tokens = T, s.tokens_dim = true, s.nheads = 4, s.headdim = 4;
+        s.itype = kBF16, s.state_dtype = sd, s.has_z = true, s.groups = 2;
+        add(std::string(heads ? "heads" : "mamba1") + "_tokens" + std::to_string(T) + "_state" + dtype_str(sd), s);
+      }
+  for (int64_t N : {1, 4, 12, 16, 24, 64, 256})
+    for (bool heads : {false, true}) {
+      StateUpdateSpec s;
+      s.heads = heads, s.batch = 2, s.nheads = 3, s.headdim = 2, s.dstate = N, s.has_z = true;
+      add(std::string(heads ? "heads" : "mamba1") + "_dstate" + std::to_string(N), s);
+    }
+  // upstream's test passes B, C (and D) in float32 with 16-bit x; dt and z may be float32 too
+  for (int32_t it : {kF16, kBF16})
+    for (int mask = 1; mask < 8; ++mask) {
+      StateUpdateSpec s;
+      s.heads = mask & 1, s.headdim = 4, s.itype = it, s.has_z = true;
+      s.bc_dtype = (mask & 1) ? kF32 : it;
+      s.dt_dtype = (mask & 2) ? kF32 : it;
+      s.z_dtype = (mask & 4) ? kF32 : it;
+      add(std::string("mixed_") + dtype_str(it) + "_" + std::to_string(mask), s);
+    }
+  for (int32_t idt : {SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64})
+    for (int64_t stride : {1, 3})
+      for (bool heads : {false, true}) {
+        StateUpdateSpec s;
+        s.heads = heads, s.batch = 5, s.pool = 12, s.idx_dtype = idt, s.idx_stride = stride, s.headdim = 4;
+        s.has_z = true;
+        add(std::string(heads ? "heads" : "mamba1") + "_pool_" + (idt == SELSCAN_DTYPE_INT64 ? "i64" : "i32") +
+                "_stride" + std::to_string(stride),
+            s);
+      }
+  for (bool heads : {false, true}) {
+    const std::string f = heads ? "heads" : "mamba1";
+    StateUpdateSpec s;
+    s.heads = heads, s.batch = 6, s.pool = 8, s.headdim = 4, s.tokens = 2, s.has_z = true;
+    s.indices = {3, -1, 7, -1, 0, 5};  // -1: padding (the default pad_slot_id)
+    add(f + "_padding", s);
+    s.indices = {2, 8, -7, -1, 1, int64_t{1} << 40};  // 8, -7 and 2^40 name no slot: NaN out, nothing touched
+    s.idx_dtype = SELSCAN_DTYPE_INT64;
+    add(f + "_out_of_pool", s);
+    s.indices = {2, 0, 4, 0, 6, 1};  // pad_slot_id 0: slot 0 is a null block (vLLM's null_block_id)
+    s.pad_slot = 0, s.idx_dtype = SELSCAN_DTYPE_INT32;
+    add(f + "_pad_slot_0", s);
+    s.indices = {-1, -1, -1, -1, -1, -1};  // a batch of padding only (a CUDA-graph batch with no live sequence)
+    s.pad_slot = -1;
+    add(f + "_all_padding", s);
+  }
+  for (bool heads : {false, true})
+    for (int32_t sd : {kF32, kF16}) {
+      StateUpdateSpec s;
+      s.heads = heads, s.padded = true, s.itype = kF16, s.state_dtype = sd, s.headdim = 4, s.tokens = 3;
+      s.pool = 7, s.has_z = true, s.groups = 2;
+      add(std::string(heads ? "heads" : "mamba1") + "_padded_state" + dtype_str(sd), s);
+    }
+  return m;
 }
 
 std::string PrefillDecodeSpec::str() const {

@@ -62,6 +62,15 @@ struct StateUpdateCase {
 
 StateUpdateCase make_state_update_case(const StateUpdateSpec& spec);
 
+// The shared test matrix (CPU and GPU run the same cases): both forms x dtypes x gate, groups and broadcasts,
+// grouped B/C, every combination of the optional inputs, T > 1, the dstate range, mixed input dtypes, pools
+// with int32/int64 strided indices, padding and out-of-pool entries, padded layouts. Each with a test name.
+struct NamedStateUpdateSpec {
+  std::string name;
+  StateUpdateSpec spec;
+};
+std::vector<NamedStateUpdateSpec> state_update_matrix();
+
 // Poisons out, then runs selscan_state_update on `exec`: on the host storages, or (dev != nullptr) on device
 // copies of every storage (guards included), which all come back. `misalign` places every device copy one
 // element past an aligned base (element-aligned as the ABI requires, never 16-byte aligned).

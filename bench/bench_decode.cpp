@@ -1,0 +1,315 @@
+// decode/ section: the decode step (selscan_state_update) at Mamba-2.8b's width (D = 5120, N = 16), batch 1 to
+// 256, against its memory floor. Registers itself (no change to bench_main.cpp's list of sections).
+//
+// Rows: decode/<device>/<state dtype>[_pool]/Bt=<batch>, Mamba-1 form as Mamba's step() calls it (bf16 x, dt,
+// z, B, C; fp32 A, D, dt_bias; softplus). "_pool": the sequences' slots are scattered over the pool through
+// int32 state_batch_indices (continuous batching), instead of slots 0..Bt-1 of a window.
+//
+// Floor: the state is read and written once, 2 * Bt * D * N * sizeof(state) bytes, at the device-to-device
+// copy bandwidth measured here (read + write counted, as gpu_copy/d2d). The other inputs (x, dt, z, B, C, out:
+// O(Bt * D); A: D * N) are counted in GB_s but not in the floor.
+//
+// Timing (CUDA): the calls rotate through windows of a state pool of >= 512 MB (> 8x the L2 of H100/H200), so
+// no call finds its states in L2. Each iteration enqueues a 256 MB device-to-device copy first, so that the
+// GPU is still busy while the host enqueues the timed calls, then kCalls back-to-back decode steps between two
+// events: their per-call device time, launch gaps between kernels included, host launch latency excluded.
+// The counters come from the median over iterations.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+
+#if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
+#  include <cuda_runtime.h>
+#endif
+
+namespace selscan_bench {
+namespace {
+
+constexpr int64_t kDim = 5120, kDstate = 16;
+constexpr int64_t kBatches[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+int64_t state_bytes(int64_t batch, selscan_dtype_t state_dtype) {
+  return batch * kDim * kDstate * dtype_bytes(state_dtype);
+}
+
+// Bytes one call moves at least: the state read and written, the (Bt, D) inputs and output, B and C, A, D and
+// dt_bias.
+double call_bytes(int64_t batch, selscan_dtype_t state_dtype, selscan_dtype_t itype) {
+  const double io = static_cast<double>(batch * kDim * dtype_bytes(itype));
+  return 2.0 * static_cast<double>(state_bytes(batch, state_dtype)) + 4.0 * io /* x dt z out */ +
+         2.0 * static_cast<double>(batch * kDstate * dtype_bytes(itype)) + 4.0 * kDim * kDstate + 8.0 * kDim;
+}
+
+// The call's struct over a state pool: sequences use slots [first, first + Bt), or the slots in `idx`.
+selscan_state_update_args_t decode_args(void* const* in, void* state, int64_t slots, selscan_dtype_t state_dtype,
+                                        int64_t batch, int64_t first, void* idx, void* out) {
+  const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16;
+  selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
+  a.x = tensor(in[0], it, {batch, kDim});
+  a.dt = tensor(in[1], it, {batch, kDim});
+  a.z = tensor(in[2], it, {batch, kDim});
+  a.B = tensor(in[3], it, {batch, kDstate});
+  a.C = tensor(in[4], it, {batch, kDstate});
+  a.A = tensor(in[5], SELSCAN_DTYPE_FLOAT32, {kDim, kDstate});
+  a.D = tensor(in[6], SELSCAN_DTYPE_FLOAT32, {kDim});
+  a.dt_bias = tensor(in[7], SELSCAN_DTYPE_FLOAT32, {kDim});
+  a.dt_softplus = 1;
+  a.out = tensor(out, it, {batch, kDim});
+  const int64_t slot_elems = kDim * kDstate;
+  if (idx != nullptr) {
+    a.state = tensor(state, state_dtype, {slots, kDim, kDstate});
+    a.state_batch_indices = tensor(idx, SELSCAN_DTYPE_INT32, {batch});
+  } else {
+    a.state = tensor(static_cast<unsigned char*>(state) + first * slot_elems * dtype_bytes(state_dtype), state_dtype,
+                     {batch, kDim, kDstate});
+  }
+  return a;
+}
+
+// Host buffers of the inputs (values in the ranges of bench_common.h).
+struct HostInputs {
+  std::vector<std::vector<unsigned char>> bufs;
+  explicit HostInputs(int64_t batch) {
+    const selscan_dtype_t bf = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
+    const struct {
+      selscan_dtype_t t;
+      int64_t n;
+      Range r;
+    } spec[] = {{bf, batch * kDim, range_u()},     {bf, batch * kDim, range_delta()},
+                {bf, batch * kDim, range_z()},     {bf, batch * kDstate, range_bc()},
+                {bf, batch * kDstate, range_bc()}, {f32, kDim * kDstate, {-2.f, -0.1f}},
+                {f32, kDim, range_D()},            {f32, kDim, range_bias()}};
+    uint64_t seed = 11;
+    for (const auto& s : spec) {
+      bufs.emplace_back(static_cast<size_t>(s.n * dtype_bytes(s.t)));
+      fill_uniform(bufs.back().data(), s.t, s.n, s.r.lo, s.r.hi, ++seed);
+    }
+  }
+};
+
+void set_counters(benchmark::State& st, int64_t batch, selscan_dtype_t sd, double t, double floor_bw) {
+  const double bytes = call_bytes(batch, sd, SELSCAN_DTYPE_BFLOAT16);
+  st.counters["us"] = t * 1e6;
+  st.counters["bytes"] = bytes;
+  st.counters["GB_s"] = bytes / t * 1e-9;
+  if (floor_bw > 0) {
+    const double floor_t = 2.0 * static_cast<double>(state_bytes(batch, sd)) / floor_bw;
+    st.counters["floor_us"] = floor_t * 1e6;
+    st.counters["pct_of_floor"] = 100.0 * floor_t / t;
+    st.counters["copy_GB_s"] = floor_bw * 1e-9;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- CPU
+void run_cpu(benchmark::State& st, int64_t batch, int threads) {
+  const selscan_dtype_t sd = SELSCAN_DTYPE_FLOAT32;
+  HostInputs in(batch);
+  void* ptrs[8];
+  for (int i = 0; i < 8; ++i) ptrs[i] = in.bufs[static_cast<size_t>(i)].data();
+  std::vector<float> state(static_cast<size_t>(batch * kDim * kDstate), 0.5f);
+  std::vector<uint16_t> out(static_cast<size_t>(batch * kDim));
+  const selscan_state_update_args_t a = decode_args(ptrs, state.data(), batch, sd, batch, 0, nullptr, out.data());
+  selscan_exec_t ex = SELSCAN_EXEC_INIT;
+  ex.num_threads = threads;
+  std::vector<double> times;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const selscan_status_t s = selscan_state_update(&a, &ex);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s != SELSCAN_STATUS_SUCCESS) {
+      st.SkipWithError(selscan_last_error());
+      return;
+    }
+    const double t = std::chrono::duration<double>(t1 - t0).count();
+    st.SetIterationTime(t);
+    times.push_back(t);
+  }
+  set_counters(st, batch, sd, median_of(times), 0);
+  st.counters["threads"] = threads;
+}
+
+#if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
+// ---------------------------------------------------------------------------------------------- CUDA
+constexpr double kMinPoolBytes = 512e6;
+constexpr int kCalls = 32;                     // timed back-to-back calls per iteration
+constexpr size_t kBusyBytes = size_t{256} << 20;  // the copy that keeps the GPU busy while they are enqueued
+
+std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
+
+struct DeviceBuffers {
+  std::vector<void*> ptrs;
+  std::string error;
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      if (error.empty()) error = cuda_error("cudaMalloc", e);
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    ptrs.push_back(p);
+    return p;
+  }
+  ~DeviceBuffers() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+// Device-to-device copy bandwidth, read + write counted: the median of 10 copies of 1 GiB (measured once).
+double copy_bandwidth() {
+  static const double bw = [] {
+    DeviceBuffers b;
+    const size_t n = size_t{1} << 30;
+    void* src = b.alloc(n);
+    void* dst = b.alloc(n);
+    if (!src || !dst) return 0.0;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> t;
+    for (int i = 0; i < 12; ++i) {
+      cudaEventRecord(e0);
+      cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (i >= 2) t.push_back(1e-3 * ms);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * static_cast<double>(n) / median_of(t);
+  }();
+  return bw;
+}
+
+void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool) {
+  DeviceBuffers dev;
+  HostInputs in(batch);
+  void* ptrs[8];
+  for (int i = 0; i < 8; ++i) {
+    const auto& h = in.bufs[static_cast<size_t>(i)];
+    ptrs[i] = dev.alloc(h.size());
+    if (ptrs[i]) cudaMemcpy(ptrs[i], h.data(), h.size(), cudaMemcpyHostToDevice);
+  }
+  const int64_t slot_bytes = kDim * kDstate * dtype_bytes(sd);
+  const double set_bytes = static_cast<double>(batch * slot_bytes);
+  const int64_t windows = std::max<int64_t>(kCalls + 1, static_cast<int64_t>(std::ceil(kMinPoolBytes / set_bytes)));
+  const int64_t slots = windows * batch;
+  void* state = dev.alloc(static_cast<size_t>(slots * slot_bytes));
+  void* out = dev.alloc(static_cast<size_t>(batch * kDim * 2));
+  void* busy_src = dev.alloc(kBusyBytes);
+  void* busy_dst = dev.alloc(kBusyBytes);
+  void* idx = pool ? dev.alloc(static_cast<size_t>(windows * batch * 4)) : nullptr;
+  if (!dev.error.empty()) {
+    st.SkipWithError(dev.error.c_str());
+    return;
+  }
+  {  // state values: a repeated random tile; pool indices: a random permutation of the slots, window by window
+    std::vector<unsigned char> tile(static_cast<size_t>(slot_bytes));
+    fill_uniform(tile.data(), sd, kDim * kDstate, -1.f, 1.f, 5);
+    for (int64_t s = 0; s < slots; ++s)
+      cudaMemcpy(static_cast<unsigned char*>(state) + s * slot_bytes, tile.data(), tile.size(),
+                 cudaMemcpyHostToDevice);
+    if (pool) {
+      std::vector<int32_t> perm(static_cast<size_t>(slots));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+      cudaMemcpy(idx, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice);
+    }
+  }
+  std::vector<selscan_state_update_args_t> args;
+  for (int64_t w = 0; w < windows; ++w)
+    args.push_back(decode_args(ptrs, state, slots, sd, batch, w * batch,
+                               pool ? static_cast<int32_t*>(idx) + w * batch : nullptr, out));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  selscan_exec_t ex = SELSCAN_EXEC_INIT;
+  ex.device_kind = SELSCAN_DEVICE_CUDA;
+  ex.stream = stream;
+  for (const auto& a : args)  // warm-up: module load, first touch of every window
+    if (selscan_state_update(&a, &ex) != SELSCAN_STATUS_SUCCESS) {
+      st.SkipWithError(selscan_last_error());
+      return;
+    }
+  cudaStreamSynchronize(stream);
+
+  std::vector<double> times;
+  size_t next = 0;
+  for (auto _ : st) {
+    cudaMemcpyAsync(busy_dst, busy_src, kBusyBytes, cudaMemcpyDeviceToDevice, stream);
+    cudaEventRecord(e0, stream);
+    for (int k = 0; k < kCalls; ++k) {
+      (void)selscan_state_update(&args[next], &ex);
+      next = (next + 1) % args.size();
+    }
+    cudaEventRecord(e1, stream);
+    const cudaError_t e = cudaEventSynchronize(e1);
+    float ms = 0;
+    if (e != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+      st.SkipWithError(cuda_error("timed calls", e).c_str());
+      break;
+    }
+    const double t = 1e-3 * static_cast<double>(ms) / kCalls;
+    st.SetIterationTime(t);
+    times.push_back(t);
+  }
+  if (!times.empty()) {
+    set_counters(st, batch, sd, median_of(times), copy_bandwidth());
+    st.counters["pool_MB"] = static_cast<double>(slots * slot_bytes) * 1e-6;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(stream);
+}
+#endif
+
+const bool registered = [] {
+  for (int64_t bt : {1, 16})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark(
+          ("decode/cpu/fp32/Bt=" + std::to_string(bt) + "/threads=" + std::to_string(threads)).c_str(), run_cpu, bt,
+          threads)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+#if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
+  int32_t n = 0;
+  if (selscan_cuda_device_count(&n) != SELSCAN_STATUS_SUCCESS || n == 0 ||
+      selscan_check_device(0) != SELSCAN_STATUS_SUCCESS)
+    return false;
+  const struct {
+    const char* name;
+    selscan_dtype_t sd;
+    bool pool;
+  } rows[] = {{"fp32", SELSCAN_DTYPE_FLOAT32, false},
+              {"fp32_pool", SELSCAN_DTYPE_FLOAT32, true},
+              {"bf16", SELSCAN_DTYPE_BFLOAT16, false}};
+  for (const auto& r : rows)
+    for (int64_t bt : kBatches)
+      benchmark::RegisterBenchmark(("decode/cuda/" + std::string(r.name) + "/Bt=" + std::to_string(bt)).c_str(),
+                                   run_cuda, bt, r.sd, r.pool)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+#endif
+  return true;
+}();
+
+}  // namespace
+}  // namespace selscan_bench

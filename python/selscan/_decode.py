@@ -1,0 +1,348 @@
+"""The decode step: selective_state_update over numpy arrays, torch tensors and CuPy arrays.
+
+    out = selscan.selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                         state_batch_indices=None, pad_slot_id=-1)
+
+Upstream mamba_ssm's argument order and meaning (mamba_ssm.ops.triton.selective_state_update); `state` is
+updated in place and `out` (x's shape and dtype) is returned. Shapes (docs/serving.md):
+    Mamba-1 form: state (S, D, N); x, dt, z (Bt, D) or (Bt, T, D); A (D, N); B, C (Bt, [T,] [G,] N); D, dt_bias (D,)
+    heads form:   state (S, H, P, N); x, dt, z (Bt, H, P) or (Bt, T, H, P); A (H, P, N); D, dt_bias (H, P)
+Inputs may broadcast with stride 0 (torch's expand). With state_batch_indices (Bt,), sequence b uses state
+slot idx[b]; an entry equal to pad_slot_id skips the sequence (its out is 0, no slot touched).
+
+Per-call host work is kept to what the call needs: the argument struct of a call signature (dtypes, shapes,
+strides, devices, flags) is built once per thread, and later calls with that signature write only the data
+pointers and the stream into it (the same pattern as the scan's call plans).
+"""
+
+import ctypes
+import sys
+import threading
+
+import numpy as np
+
+from . import _backends, _lib
+from ._lib import SelscanError
+
+DTYPE_INT32 = 4
+DTYPE_INT64 = 5
+
+_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices", "state")
+
+
+class StateUpdateArgs(ctypes.Structure):
+    """selscan_state_update_args_t (include/selscan/selscan.h, section 5b)."""
+
+    _fields_ = (
+        [("struct_size", ctypes.c_size_t)]
+        + [(n, _lib.Tensor) for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices")]
+        + [("pad_slot_id", ctypes.c_int64), ("dt_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
+        + [("state", _lib.Tensor), ("out", _lib.Tensor)]
+    )
+
+
+def _entry():
+    fn = getattr(_lib.lib, "selscan_state_update", None)
+    if fn is None:
+        return None
+    # A handle taking plain addresses: no per-call ctypes argument conversion.
+    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+_FN = _entry()
+_EX_STREAM = _lib.Exec.stream.offset // 8
+_SLOTS = {n: getattr(StateUpdateArgs, n).offset // 8 for n in _NAMES + ("out",)}
+_MAX_PLANS = 256  # per thread; past it the cache starts over (a server uses a handful of signatures)
+_tls = threading.local()
+
+
+class _Plan:
+    """One signature's argument and exec structs; `slots` are the uint64 indices of the present tensors' data
+    pointers (out last)."""
+
+    __slots__ = ("args", "ex", "q", "eq", "slots", "a_addr", "e_addr")
+
+    def __init__(self, specs, flags, device_kind, device_index, num_threads):
+        args = StateUpdateArgs()
+        args.struct_size = ctypes.sizeof(StateUpdateArgs)
+        for name, (code, shape, strides) in specs.items():
+            _lib.set_tensor(getattr(args, name), 0, code, shape, strides)
+        args.dt_softplus, args.pad_slot_id = flags
+        ex = _lib.make_exec(device_kind, device_index, None, num_threads)
+        self.args, self.ex = args, ex
+        self.q = memoryview(args).cast("B").cast("Q")
+        self.eq = memoryview(ex).cast("B").cast("Q")
+        self.slots = tuple(_SLOTS[n] for n in specs)
+        self.a_addr, self.e_addr = ctypes.addressof(args), ctypes.addressof(ex)
+
+    def run(self, ptrs, stream):
+        q = self.q
+        for i, p in zip(self.slots, ptrs):
+            q[i] = p
+        self.eq[_EX_STREAM] = stream
+        status = _FN(self.a_addr, self.e_addr)
+        if status:
+            raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, "selscan_state_update")
+
+
+def _plans():
+    d = getattr(_tls, "plans", None)
+    if d is None or len(d) > _MAX_PLANS:
+        d = _tls.plans = {}
+    return d
+
+
+def _contiguous(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+# ------------------------------------------------------------------------------------------------ frameworks
+class _Torch:
+    """torch tensors, CPU or CUDA (the current stream of x's device)."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        t = torch
+        self.codes = {t.float32: _lib.DTYPE_FLOAT32, t.float16: _lib.DTYPE_FLOAT16, t.bfloat16: _lib.DTYPE_BFLOAT16,
+                      t.int32: DTYPE_INT32, t.int64: DTYPE_INT64}
+        self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.contiguous = torch.contiguous_format
+
+    def adopt(self, name, a, x):
+        if not isinstance(a, self.torch.Tensor):
+            raise SelscanError(f"{name} is a {type(a).__name__}, expected a torch.Tensor like x",
+                               _lib.STATUS_INVALID_ARGUMENT)
+        if a.device != x.device:
+            raise SelscanError(f"{name} is on {a.device} but x is on {x.device}", _lib.STATUS_INVALID_ARGUMENT)
+        return a
+
+    def sig(self, a):
+        return None if a is None else (a.shape, a.stride(), a.dtype, a.get_device())
+
+    def to(self, a, dtype):
+        return a.to(dtype)
+
+    def float32(self):
+        return self.torch.float32
+
+    def int64(self):
+        return self.torch.int64
+
+    def describe(self, a):
+        return self.codes.get(a.dtype), tuple(a.shape), tuple(a.stride())
+
+    def ptr(self, a):
+        return a.data_ptr()
+
+    def device(self, x):
+        dev = x.get_device()
+        return (_lib.DEVICE_CUDA, dev) if dev >= 0 else (_lib.DEVICE_CPU, 0)
+
+    def stream(self, kind, dev):
+        if kind != _lib.DEVICE_CUDA:
+            return 0
+        if self.raw_stream is not None:
+            return self.raw_stream(dev)
+        return self.torch.cuda.current_stream(dev).cuda_stream
+
+    def empty(self, x):
+        out = self.torch.empty_like(x, memory_format=self.contiguous)  # the cheapest allocation torch offers
+        if _backends.POISON:
+            out.fill_(float("nan"))
+        return out
+
+
+class _Xp:
+    """numpy (CPU path) and CuPy (CUDA, its current stream). bfloat16 arrays (ml_dtypes) are passed as such."""
+
+    def __init__(self, xp, cuda):
+        self.xp, self.cuda = xp, cuda
+
+    def code(self, dt):
+        if dt == np.float32:
+            return _lib.DTYPE_FLOAT32
+        if dt == np.float16:
+            return _lib.DTYPE_FLOAT16
+        if dt.name == "bfloat16":
+            return _lib.DTYPE_BFLOAT16
+        if dt == np.int32:
+            return DTYPE_INT32
+        if dt == np.int64:
+            return DTYPE_INT64
+        return None
+
+    def adopt(self, name, a, x):
+        xp = self.xp
+        if self.cuda:
+            if not isinstance(a, xp.ndarray):
+                raise SelscanError(f"{name} is a {type(a).__name__}, expected a CuPy array like x",
+                                   _lib.STATUS_INVALID_ARGUMENT)
+            if a.device.id != x.device.id:
+                raise SelscanError(f"{name} is on CUDA device {a.device.id} but x is on device {x.device.id}",
+                                   _lib.STATUS_INVALID_ARGUMENT)
+            return a
+        if not isinstance(a, np.ndarray):
+            if hasattr(a, "__cuda_array_interface__"):
+                raise SelscanError(f"{name} is a GPU array but x is a host (numpy) array",
+                                   _lib.STATUS_INVALID_ARGUMENT)
+            a = np.asarray(a)
+        return a
+
+    def sig(self, a):
+        if a is None:
+            return None
+        return (a.shape, a.strides, a.dtype, a.device.id) if self.cuda else (a.shape, a.strides, a.dtype)
+
+    def to(self, a, dtype):
+        return a.astype(dtype)
+
+    def float32(self):
+        return self.xp.float32
+
+    def int64(self):
+        return self.xp.int64
+
+    def describe(self, a):
+        item = a.dtype.itemsize
+        if any(s < 0 or s % item for s in a.strides):
+            return None, None, None
+        return self.code(a.dtype), tuple(a.shape), tuple(s // item for s in a.strides)
+
+    def ptr(self, a):
+        return a.data.ptr if self.cuda else a.ctypes.data
+
+    def device(self, x):
+        return (_lib.DEVICE_CUDA, x.device.id) if self.cuda else (_lib.DEVICE_CPU, 0)
+
+    def stream(self, kind, dev):
+        if kind != _lib.DEVICE_CUDA:
+            return 0
+        with self.xp.cuda.Device(dev):
+            return self.xp.cuda.get_current_stream().ptr
+
+    def empty(self, x):
+        if self.cuda:
+            with self.xp.cuda.Device(x.device.id):
+                out = self.xp.empty(x.shape, dtype=x.dtype)
+        else:
+            out = np.empty(x.shape, dtype=x.dtype)
+        if _backends.POISON:
+            out.fill(np.nan)
+        return out
+
+
+_fw_cache = {}
+
+
+def _framework(x):
+    t = type(x)
+    fw = _fw_cache.get(t)
+    if fw is not None:
+        return fw
+    torch = sys.modules.get("torch")
+    cp = sys.modules.get("cupy")
+    if torch is not None and isinstance(x, torch.Tensor):
+        fw = _Torch()
+    elif cp is not None and isinstance(x, cp.ndarray):
+        fw = _Xp(cp, True)
+    elif isinstance(x, np.ndarray):
+        fw = _Xp(np, False)
+    else:
+        return None
+    _fw_cache[t] = fw
+    return fw
+
+
+# ------------------------------------------------------------------------------------------------ the call
+def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx):
+    """The arguments in dtypes the library takes (copies only where the caller's dtype is not one). The state
+    is never copied: it is updated in place."""
+    ins = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+           "state_batch_indices": idx, "state": state}
+    for name in ("x", "dt", "A", "B", "C", "state"):
+        if ins[name] is None:
+            raise SelscanError(f"{name} is required (got None)", _lib.STATUS_INVALID_ARGUMENT)
+    for name, a in ins.items():
+        if a is not None and name != "x":
+            ins[name] = fw.adopt(name, a, x)
+    xc = fw.describe(x)[0]
+    if xc not in (_lib.DTYPE_FLOAT32, _lib.DTYPE_FLOAT16, _lib.DTYPE_BFLOAT16):
+        x = ins["x"] = fw.to(x, fw.float32())  # e.g. float64 -> float32
+        xc = _lib.DTYPE_FLOAT32
+    for name in ("dt", "B", "C", "z"):  # float32 or x's dtype
+        a = ins[name]
+        if a is not None and fw.describe(a)[0] not in (_lib.DTYPE_FLOAT32, xc):
+            ins[name] = fw.to(a, x.dtype)
+    for name in ("A", "D", "dt_bias"):  # float32
+        a = ins[name]
+        if a is not None and fw.describe(a)[0] != _lib.DTYPE_FLOAT32:
+            ins[name] = fw.to(a, fw.float32())
+    a = ins["state_batch_indices"]
+    if a is not None and fw.describe(a)[0] not in (DTYPE_INT32, DTYPE_INT64):
+        ins["state_batch_indices"] = fw.to(a, fw.int64())
+    sc = fw.describe(ins["state"])[0]
+    if sc not in (_lib.DTYPE_FLOAT32, xc):
+        raise SelscanError(f"state: dtype {ins['state'].dtype} cannot be used: the state is updated in place, so it "
+                           f"must be float32 or x's dtype ({x.dtype})", _lib.STATUS_DTYPE_MISMATCH)
+    return ins
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=-1, num_threads=0):
+    """One decode step (or T tokens per sequence): updates `state` in place and returns out (x's shape and dtype).
+
+    numpy arrays run on the CPU path (num_threads workers, 0 = all); torch tensors where they live (CUDA: the
+    current stream of x's device); CuPy arrays on their device's current stream. See the module docstring for
+    the shapes and docs/serving.md for the math.
+    """
+    if _FN is None:
+        raise SelscanError(f"{_lib.library_path} has no selscan_state_update (libselscan older than this binding)",
+                           _lib.STATUS_INVALID_ARGUMENT)
+    fw = _framework(x)
+    if fw is None:
+        x = np.asarray(x)
+        fw = _framework(x)
+    kind, dev = fw.device(x)
+    softplus = 1 if dt_softplus else 0
+    pad = int(pad_slot_id)
+    given = (x, dt, A, B, C, D, z, dt_bias, state_batch_indices, state)
+    sig = fw.sig
+    try:
+        key = (kind, dev, softplus, pad, num_threads, sig(x), sig(dt), sig(A), sig(B), sig(C), sig(D), sig(z),
+               sig(dt_bias), sig(state_batch_indices), sig(state))
+    except AttributeError:  # an argument of another type: the general path reports it
+        key = None
+    plans = _plans()
+    plan = plans.get(key) if key is not None else None
+    if plan is not None:
+        ins = given
+    else:
+        named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+        ins = tuple(named[n] for n in _NAMES)
+        x = named["x"]
+        specs = {}
+        for name, a in zip(_NAMES, ins):
+            if a is None:
+                continue
+            code, shape, strides = fw.describe(a)
+            if code is None:
+                raise SelscanError(f"{name}: a negative or fractional stride cannot be passed to the library "
+                                   "(make it contiguous first)", _lib.STATUS_INVALID_ARGUMENT)
+            specs[name] = (code, shape, strides)
+        specs["out"] = (specs["x"][0], tuple(x.shape), _contiguous(tuple(x.shape)))
+        plan = _Plan(specs, (softplus, pad), kind, dev, num_threads)
+        # Only a signature that needed no conversion is cached (a cached call passes the caller's arrays as they
+        # are); the others convert again on every call.
+        if key is not None and all(a is b for a, b in zip(ins, given)):
+            plans[key] = plan
+    out = fw.empty(x)
+    ptr = fw.ptr
+    ptrs = [ptr(a) for a in ins if a is not None]
+    ptrs.append(ptr(out))
+    plan.run(ptrs, fw.stream(kind, dev))
+    return out

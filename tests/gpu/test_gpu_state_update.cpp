@@ -1,0 +1,201 @@
+// The decode step (selscan_state_update) on CUDA against the float64 oracle: the CPU tests' matrix on device
+// copies (16-byte aligned: the vector paths; one element off: the scalar paths), Mamba-2.8b's width with a pool,
+// Mamba-2's heads shape, serving's prefill-then-decode equivalence with the scan, CUDA-graph capture with the
+// indices changed between replays (no host reads of device data), and a non-default stream.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gpu_gate.h"
+#include "state_update_case.h"
+
+namespace selscan_test {
+namespace {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+const DeviceMemory& cuda_memory() {
+  static const DeviceMemory m{
+      [](size_t bytes) {
+        void* p = nullptr;
+        return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+      },
+      [](void* dst, const void* src, size_t bytes) { (void)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice); },
+      [](void* dst, const void* src, size_t bytes) { (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost); },
+      [](void* p) { (void)cudaFree(p); },
+      [] { (void)cudaDeviceSynchronize(); }};
+  return m;
+}
+
+selscan_exec_t cuda_exec(cudaStream_t stream = nullptr) {
+  selscan_exec_t e = SELSCAN_EXEC_INIT;
+  e.device_kind = SELSCAN_DEVICE_CUDA;
+  e.device_index = 0;
+  e.stream = stream;
+  return e;
+}
+
+void run_and_check(const StateUpdateSpec& spec, bool misalign) {
+  const StateUpdateCase before = make_state_update_case(spec);
+  StateUpdateCase c = before;
+  ASSERT_EQ(run_state_update(c, cuda_exec(), &cuda_memory(), misalign), SELSCAN_STATUS_SUCCESS)
+      << spec.str() << ": " << selscan_last_error();
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess) << spec.str();
+  expect_state_update_ok(c, before);
+}
+
+class GpuStateUpdate : public ::testing::TestWithParam<NamedStateUpdateSpec> {};
+
+TEST_P(GpuStateUpdate, MatchesTheOracle) {
+  REQUIRE_GPU();
+  run_and_check(GetParam().spec, false);
+}
+
+TEST_P(GpuStateUpdate, MisalignedMatchesTheOracle) {
+  REQUIRE_GPU();
+  run_and_check(GetParam().spec, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, GpuStateUpdate, ::testing::ValuesIn(state_update_matrix()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(GpuStateUpdateShapes, Mamba28bWidthWithAPool) {
+  REQUIRE_GPU();
+  StateUpdateSpec s;  // D = 5120, N = 16, 64 sequences in a pool of 96 slots, some padding
+  s.batch = 64, s.nheads = 5120, s.dstate = 16, s.pool = 96, s.has_z = true, s.seed = 2800;
+  for (int64_t b = 0; b < s.batch; ++b) s.indices.push_back(b % 9 == 4 ? -1 : (b * 37) % 96);
+  run_and_check(s, false);
+  s.itype = SELSCAN_DTYPE_BFLOAT16, s.state_dtype = SELSCAN_DTYPE_BFLOAT16, s.seed = 2801;
+  run_and_check(s, false);
+}
+
+TEST(GpuStateUpdateShapes, Mamba2HeadsShape) {
+  REQUIRE_GPU();
+  StateUpdateSpec s;  // Mamba-2 2.7b: 80 heads of 64 channels, dstate 128, 1 group; A, dt, D, dt_bias broadcast
+  s.heads = true, s.batch = 8, s.nheads = 80, s.headdim = 64, s.dstate = 128, s.groups = 1, s.groups_dim = true;
+  s.itype = SELSCAN_DTYPE_BFLOAT16, s.broadcast = true, s.has_z = true, s.pool = 12, s.seed = 2700;
+  run_and_check(s, false);
+  s.tokens = 4, s.groups = 8, s.seed = 2701;  // speculative decoding with 8 groups
+  run_and_check(s, false);
+}
+
+TEST(GpuStateUpdateEquivalence, PrefillThenDecodeEqualsOneScan) {
+  REQUIRE_GPU();
+  uint64_t seed = 1300;
+  for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_BFLOAT16})
+    for (int64_t per_call : {1, 3})
+      for (int64_t G : {1, 2}) {
+        PrefillDecodeSpec s;
+        s.itype = it, s.tokens_per_call = per_call, s.groups = G, s.dim = 64, s.seed = ++seed;
+        expect_prefill_then_decode_equals_scan(s, cuda_exec(), &cuda_memory());
+      }
+  PrefillDecodeSpec s;  // a prefill past the scan's 2048-token chunk, no optional inputs
+  s.prefill = 2100, s.has_D = s.has_z = s.has_bias = s.softplus = false, s.seed = ++seed;
+  expect_prefill_then_decode_equals_scan(s, cuda_exec(), &cuda_memory());
+}
+
+// A decode step captured once into a CUDA graph and replayed with new indices each time (written to device
+// memory on the stream, as a serving engine does): the same results, bit for bit, as eager calls with those
+// indices. A call that read the indices on the host would bake the capture-time slots into the graph.
+TEST(GpuStateUpdateGraph, ReplaysFollowTheIndicesInDeviceMemory) {
+  REQUIRE_GPU();
+  StateUpdateSpec s;
+  s.batch = 4, s.nheads = 256, s.dstate = 16, s.pool = 6, s.has_z = true, s.seed = 3000;
+  s.indices = {0, 1, 2, 3};
+  StateUpdateCase graph_case = make_state_update_case(s);
+  StateUpdateCase eager_case = graph_case;
+  const std::vector<std::vector<int32_t>> steps = {{0, 1, 2, 3}, {5, -1, 2, 4}, {-1, -1, -1, -1}, {3, 0, 5, 1}};
+
+  struct Device {
+    std::vector<std::pair<Tensor*, void*>> copies;
+    int32_t* idx = nullptr;
+    selscan_state_update_args_t args;
+    explicit Device(StateUpdateCase& c) {
+      for (Tensor* t : c.tensors()) {
+        void* p = nullptr;
+        EXPECT_EQ(cudaMalloc(&p, t->storage.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, t->storage.data(), t->storage.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        copies.push_back({t, p});
+      }
+      EXPECT_EQ(cudaMalloc(&idx, c.spec.batch * sizeof(int32_t)), cudaSuccess);
+      args = c.args(
+          [&](Tensor& t) {
+            for (auto& [host, dev] : copies)
+              if (host == &t) return dev;
+            return static_cast<void*>(nullptr);
+          },
+          idx);
+    }
+    void download() {
+      for (auto& [t, p] : copies) (void)cudaMemcpy(t->storage.data(), p, t->storage.size(), cudaMemcpyDeviceToHost);
+    }
+    ~Device() {
+      for (auto& [t, p] : copies) cudaFree(p);
+      cudaFree(idx);
+    }
+  };
+  Device g(graph_case), e(eager_case);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const selscan_exec_t ex = cuda_exec(stream);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const selscan_status_t captured = selscan_state_update(&g.args, &ex);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(captured, SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::vector<unsigned char> previous_state = graph_case.state.storage;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const std::vector<int32_t>& idx = steps[k];
+    const size_t bytes = idx.size() * sizeof(int32_t);
+    CUDA_OK(cudaMemcpyAsync(g.idx, idx.data(), bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaMemcpyAsync(e.idx, idx.data(), bytes, cudaMemcpyHostToDevice, stream));
+    ASSERT_EQ(selscan_state_update(&e.args, &ex), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    g.download();
+    e.download();
+    EXPECT_TRUE(graph_case.state.storage == eager_case.state.storage) << "step " << k << ": state differs";
+    EXPECT_TRUE(graph_case.out.storage == eager_case.out.storage) << "step " << k << ": out differs";
+    if (k == 2) {  // all padding: nothing updated, every out 0
+      EXPECT_TRUE(graph_case.state.storage == previous_state) << "an all-padding replay changed the pool";
+      for (double v : graph_case.out.values()) ASSERT_EQ(v, 0.0) << "an all-padding replay wrote a non-zero out";
+    }
+    previous_state = graph_case.state.storage;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuStateUpdateStreams, NonDefaultStreamAndBadDevice) {
+  REQUIRE_GPU();
+  StateUpdateSpec s;
+  s.batch = 5, s.nheads = 96, s.pool = 9, s.tokens = 2, s.has_z = true, s.seed = 3100;
+  const StateUpdateCase before = make_state_update_case(s);
+  StateUpdateCase c = before;
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ASSERT_EQ(run_state_update(c, cuda_exec(stream), &cuda_memory()), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  expect_state_update_ok(c, before);
+  cudaStreamDestroy(stream);
+
+  int32_t n = 0;
+  ASSERT_EQ(selscan_cuda_device_count(&n), SELSCAN_STATUS_SUCCESS);
+  StateUpdateCase d = before;
+  selscan_exec_t bad = cuda_exec();
+  bad.device_index = n;  // one past the last device
+  selscan_state_update_args_t a =
+      d.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, d.idx_storage.data());
+  EXPECT_EQ(selscan_state_update(&a, &bad), SELSCAN_STATUS_NO_DEVICE);
+  EXPECT_NE(std::string(selscan_last_error()).find("does not exist"), std::string::npos) << selscan_last_error();
+}
+
+}  // namespace
+}  // namespace selscan_test
