@@ -213,17 +213,15 @@ needs_cuda = pytest.mark.skipif(cuda_reason is not None, reason=str(cuda_reason)
 
 
 def to_torch(a, device, dtype=None):
-    """numpy kwargs -> torch; broadcast numpy views become expand()ed tensors (stride 0 kept)."""
+    """numpy kwargs -> torch; broadcast numpy views become expand()ed tensors (their zero strides kept)."""
     r = {}
     for k, v in a.items():
         if isinstance(v, np.ndarray):
-            t = torch.from_numpy(np.ascontiguousarray(v) if 0 not in v.strides else np.array(v))
-            if 0 in v.strides:  # rebuild the broadcast as an expand
-                base = tuple(1 if s == 0 else n for n, s in zip(v.shape, v.strides))
-                t = torch.from_numpy(np.ascontiguousarray(v[tuple(slice(0, n) for n in base)])).expand(v.shape)
+            base = tuple(slice(0, 1) if s == 0 else slice(None) for s in v.strides)
+            t = torch.from_numpy(np.array(v[base]))
             if dtype is not None and t.is_floating_point() and k in ("x", "dt", "z", "B", "C", "state"):
                 t = t.to(dtype)
-            r[k] = t.to(device)
+            r[k] = t.to(device).expand(v.shape)
         else:
             r[k] = v
     return r
@@ -248,17 +246,22 @@ def torch_cases():
             yield dict(heads=heads, T=T, G=2, pool=7, broadcast=heads)
 
 
+def op_call(**k):
+    return torch.ops.selscan.selective_state_update(k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k.get("D"),
+                                                    k.get("z"), k.get("dt_bias"), k["dt_softplus"],
+                                                    k.get("state_batch_indices"), -1)
+
+
 @needs_torch
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torch_cpu(dtype):
+def test_torch(device, dtype):
     from selscan.torch import selective_state_update
     dt = getattr(torch, dtype)
     rng = np.random.default_rng(31)
     for kw in torch_cases():
-        check_torch(make(rng, **kw), "cpu", dt, selective_state_update)
-        check_torch(make(rng, **kw), "cpu", dt, lambda **k: torch.ops.selscan.selective_state_update(
-            k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k.get("D"), k.get("z"), k.get("dt_bias"),
-            k["dt_softplus"], k.get("state_batch_indices"), -1))
+        check_torch(make(rng, **kw), device, dt, selective_state_update)
+        check_torch(make(rng, **kw), device, dt, op_call)
 
 
 @needs_torch
@@ -279,17 +282,6 @@ def test_torch_compile_traces_the_op():
     got = compiled(a["state"], *args)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(a["state"], eager_state)  # the mutation of state survives functionalization
-
-
-@needs_torch
-@needs_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torch_cuda(dtype):
-    from selscan.torch import selective_state_update
-    dt = getattr(torch, dtype)
-    rng = np.random.default_rng(51)
-    for kw in torch_cases():
-        check_torch(make(rng, **kw), "cuda", dt, selective_state_update)
 
 
 @needs_torch
