@@ -8,9 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
+#include "checker.h"
 #include "validate.h"
 
 #if SELSCAN_WITH_CUDA
@@ -27,53 +27,15 @@ constexpr size_t kArgsSizeV1 = offsetof(selscan_state_update_args_t, out) + size
 static_assert(sizeof(void*) != 8 || kArgsSizeV1 == 904, "a field moved: versions may only append fields");
 static_assert(sizeof(selscan_state_update_args_t) == kArgsSizeV1,
               "no tail padding: a later version's field must not land in bytes an older caller never set");
-// A struct_size above this is garbage rather than a newer version; nothing past the struct is read then.
-constexpr size_t kMaxStructSize = size_t{64} << 10;
 
 // The CUDA kernel numbers a sequence's (channel, lane) pairs in 32 bits, with up to 32 lanes per channel.
 constexpr int64_t kMaxChannels = (int64_t{1} << 31) / 32;
-
-constexpr int kMaxTensors = 11;
-
-// ------------------------------------------------------------------------------------------ messages
-std::string dtype_str(int32_t d) {
-  switch (d) {
-    case SELSCAN_DTYPE_FLOAT32: return "float32";
-    case SELSCAN_DTYPE_FLOAT16: return "float16";
-    case SELSCAN_DTYPE_BFLOAT16: return "bfloat16";
-    case SELSCAN_DTYPE_COMPLEX64: return "complex64";
-    case SELSCAN_DTYPE_INT32: return "int32";
-    case SELSCAN_DTYPE_INT64: return "int64";
-    default: return fmt::format("dtype code {}", d);
-  }
-}
-
-int64_t dtype_bytes(int32_t d) {
-  switch (d) {
-    case SELSCAN_DTYPE_FLOAT16:
-    case SELSCAN_DTYPE_BFLOAT16: return 2;
-    case SELSCAN_DTYPE_COMPLEX64:
-    case SELSCAN_DTYPE_INT64: return 8;
-    default: return 4;
-  }
-}
 
 bool is_float(int32_t d) {
   return d == SELSCAN_DTYPE_FLOAT32 || d == SELSCAN_DTYPE_FLOAT16 || d == SELSCAN_DTYPE_BFLOAT16;
 }
 
-std::string tuple_str(const int64_t* s, int n) {
-  std::string r = "(";
-  for (int i = 0; i < n; ++i) r += fmt::format(i ? ", {}" : "{}", s[i]);
-  return r + (n == 1 ? ",)" : ")");
-}
-
-// The shape a caller gave: "(2, 4, 9)", or "ndim=7" when ndim itself is out of range.
-std::string given(const selscan_tensor_t& t) {
-  return t.ndim >= 0 && t.ndim <= SELSCAN_MAX_NDIM ? tuple_str(t.sizes, t.ndim) : fmt::format("ndim={}", t.ndim);
-}
-
-// The shapes of one call, as the messages print them.
+// An expected shape.
 struct Shape {
   int64_t s[SELSCAN_MAX_NDIM];
   int n;
@@ -83,160 +45,13 @@ struct Shape {
       if (t.sizes[i] != s[i]) return false;
     return true;
   }
-  std::string str() const { return tuple_str(s, n); }
 };
 
-// ------------------------------------------------------------------------------------------ checks
-struct Extent {
-  const char* name;
-  uintptr_t lo, hi;  // bytes [lo, hi)
-  bool output;
-};
-
-class Check {
- public:
-  bool ok() const { return status_ == SELSCAN_STATUS_SUCCESS; }
-  Status status() const { return status_; }
-
-  void failf(Status s, std::string msg) {
-    if (ok()) status_ = fail(s, std::move(msg));
-  }
-
-  bool required(const selscan_tensor_t& t, const char* name) {
-    if (ok() && t.data == nullptr)
-      failf(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("{}: required, but its data pointer is NULL", name));
-    return ok();
-  }
-
-  // dtype must be `a`, or `b` when b >= 0.
-  void dtype(const selscan_tensor_t& t, const char* name, int32_t a, int32_t b, const char* what) {
-    if (ok() && t.dtype != a && t.dtype != b)
-      failf(SELSCAN_STATUS_DTYPE_MISMATCH,
-            fmt::format("{}: expected dtype {}{} ({}), got {}", name, dtype_str(a),
-                        b >= 0 && b != a ? " or " + dtype_str(b) : std::string(), what, dtype_str(t.dtype)));
-  }
-
-  void shape(const selscan_tensor_t& t, const char* name, const Shape& want, const char* what) {
-    if (ok() && !(want == t))
-      failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-            fmt::format("{}: expected shape {} {}, got {}", name, want.str(), what, given(t)));
-  }
-
-  // Strides >= 0, an element-aligned pointer, a byte span that fits 64-bit offsets and does not wrap the
-  // address space; for outputs, no two elements sharing memory. Records the byte range for aliases(). Needs a
-  // checked ndim and sizes >= 1.
-  void layout(const selscan_tensor_t& t, const char* name, bool output) {
-    if (!ok()) return;
-    const int n = t.ndim;
-    const int64_t esize = dtype_bytes(t.dtype);
-    const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-    if (base % static_cast<uintptr_t>(esize) != 0)
-      return failf(SELSCAN_STATUS_BAD_LAYOUT,
-                   fmt::format("{}: data pointer {} is not aligned to its {}-byte elements", name, t.data, esize));
-    int64_t span = 0;  // largest element offset
-    for (int i = 0; i < n; ++i) {
-      if (t.strides[i] < 0)
-        return failf(SELSCAN_STATUS_BAD_LAYOUT, fmt::format("{}: negative strides are not supported, got strides {}",
-                                                            name, tuple_str(t.strides, n)));
-      const int64_t extent = t.sizes[i] - 1;
-      if (t.strides[i] != 0 && extent > (INT64_MAX - span) / t.strides[i])
-        return failf(SELSCAN_STATUS_UNSUPPORTED, fmt::format("{}: sizes {} with strides {} overflow 64-bit offsets",
-                                                             name, tuple_str(t.sizes, n), tuple_str(t.strides, n)));
-      span += extent * t.strides[i];
-    }
-    if (span > INT64_MAX / esize - 1)
-      return failf(SELSCAN_STATUS_UNSUPPORTED,
-                   fmt::format("{}: sizes {} with strides {} span {} elements of {} bytes, beyond 64-bit byte offsets",
-                               name, tuple_str(t.sizes, n), tuple_str(t.strides, n), span + 1, esize));
-    const uintptr_t bytes = static_cast<uintptr_t>((span + 1) * esize);
-    if (bytes > UINTPTR_MAX - base)
-      return failf(SELSCAN_STATUS_UNSUPPORTED,
-                   fmt::format("{}: data pointer {} plus its {} bytes wraps the address space", name, t.data, bytes));
-    if (output) no_self_overlap(t, name);
-    if (ok() && count_ < kMaxTensors) extents_[count_++] = Extent{name, base, base + bytes, output};
-  }
-
-  // No output may share a byte with any other tensor of the call: the state is read before it is written, so
-  // an input inside it would change under the kernel, and `out` over an input would be read after written.
-  // Byte ranges, so interleaved views whose elements happen to be disjoint are turned away too (conservative).
-  void aliases() {
-    for (int i = 0; ok() && i < count_; ++i)
-      for (int j = i + 1; ok() && j < count_; ++j) {
-        const Extent& a = extents_[i];
-        const Extent& b = extents_[j];
-        if (!(a.output || b.output) || a.hi <= b.lo || b.hi <= a.lo) continue;
-        const Extent& o = b.output ? b : a;
-        const Extent& other = b.output ? a : b;
-        failf(SELSCAN_STATUS_BAD_LAYOUT,
-              fmt::format("{}: its bytes [{:#x}, {:#x}) overlap {}'s bytes [{:#x}, {:#x}); the outputs (state, out) "
-                          "may not share memory with any other tensor of the call",
-                          o.name, o.lo, o.hi, other.name, other.lo, other.hi));
-      }
-  }
-
- private:
-  // Take the dims of size > 1 by increasing stride: each stride must exceed the largest offset the dims
-  // before it reach. Then distinct indices never meet (every dense or padded layout passes, in any dim order).
-  void no_self_overlap(const selscan_tensor_t& t, const char* name) {
-    int order[SELSCAN_MAX_NDIM];
-    int m = 0;
-    for (int i = 0; i < t.ndim; ++i)
-      if (t.sizes[i] > 1) {
-        int k = m++;
-        for (; k > 0 && t.strides[order[k - 1]] > t.strides[i]; --k) order[k] = order[k - 1];
-        order[k] = i;
-      }
-    int64_t reach = 0;
-    for (int k = 0; k < m; ++k) {
-      const int d = order[k];
-      if (t.strides[d] <= reach)
-        return failf(SELSCAN_STATUS_BAD_LAYOUT,
-                     fmt::format("{}: output elements would overlap: dim {} (size {}) has stride {}, but the dims with "
-                                 "smaller strides already reach offset {} (sizes {}, strides {})",
-                                 name, d, t.sizes[d], t.strides[d], reach, tuple_str(t.sizes, t.ndim),
-                                 tuple_str(t.strides, t.ndim)));
-      reach += (t.sizes[d] - 1) * t.strides[d];
-    }
-  }
-
-  Status status_ = SELSCAN_STATUS_SUCCESS;
-  Extent extents_[kMaxTensors];
-  int count_ = 0;
-};
-
-// The caller's struct, or NULL after recording why not. A newer caller's larger struct is accepted while every
-// byte past this library's struct is zero (a non-zero one asks for something this version cannot do).
-const selscan_state_update_args_t* read_struct(Check& c, const selscan_state_update_args_t* a) {
-  if (a == nullptr) {
-    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT, "selscan_state_update_args: pointer is NULL");
-    return nullptr;
-  }
-  const size_t ss = a->struct_size;
-  if (ss < kArgsSizeV1 || ss > kMaxStructSize) {
-    c.failf(SELSCAN_STATUS_BAD_STRUCT_SIZE,
-            fmt::format("selscan_state_update_args: struct_size is {}, expected sizeof(selscan_state_update_args_t) "
-                        "of the caller's header: {} in this version, at most {}",
-                        ss, sizeof(selscan_state_update_args_t), kMaxStructSize));
-    return nullptr;
-  }
-  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(a);
-  for (size_t i = sizeof(selscan_state_update_args_t); i < ss; ++i)
-    if (bytes[i] != 0) {
-      c.failf(SELSCAN_STATUS_UNSUPPORTED,
-              fmt::format("selscan_state_update_args: struct_size is {}, larger than this library's {}, and byte {} "
-                          "past its struct is {:#04x}, not 0: a field of a newer version that this library does not "
-                          "have (upgrade libselscan, or leave the field 0)",
-                          ss, sizeof(selscan_state_update_args_t), i, bytes[i]));
-      return nullptr;
-    }
-  return a;
-}
-
-bool sizes_positive(Check& c, const selscan_tensor_t& t, const char* name) {
+bool sizes_positive(Checker& c, const selscan_tensor_t& t, const char* name) {
   for (int i = 0; i < t.ndim; ++i)
     if (t.sizes[i] < 1) {
       c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-              fmt::format("{}: every size must be >= 1 (zero-size calls are rejected), got {}", name, given(t)));
+              fmt::format("{}: every size must be >= 1 (zero-size calls are rejected), got {}", name, given_shape(t)));
       return false;
     }
   return true;
@@ -251,23 +66,24 @@ void channel_strides(const selscan_tensor_t& t, int first, bool heads, int64_t* 
 }  // namespace
 
 Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* out) {
-  Check c;
-  const selscan_state_update_args_t* a = read_struct(c, args);
-  if (a == nullptr) return c.status();
-  if (a->flags != 0)
-    return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("flags: reserved, must be 0, got {}", a->flags));
+  Checker c;
+  selscan_state_update_args_t local;
+  const selscan_state_update_args_t* a = read_struct(c, args, "selscan_state_update_args", kArgsSizeV1, &local);
+  if (a == nullptr) return c.status;
+  reserved_zero(c, a->flags, "flags");
+  if (!c.ok()) return c.status;
   if (a->dt_softplus != 0 && a->dt_softplus != 1)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("dt_softplus: expected 0 or 1, got {}", a->dt_softplus));
 
   // state decides the form: (S, D, N) Mamba-1, (S, H, P, N) heads.
   const selscan_tensor_t& st = a->state;
-  if (!c.required(st, "state")) return c.status();
+  if (!c.presence(st, "state", true, true, "")) return c.status;
   if (st.ndim != 3 && st.ndim != 4)
     return fail(SELSCAN_STATUS_SHAPE_MISMATCH,
                 fmt::format("state: expected 3 dims (slots, dim, dstate: the Mamba-1 form) or 4 (slots, heads, "
                             "headdim, dstate: the heads form), got {}",
-                            given(st)));
-  if (!sizes_positive(c, st, "state")) return c.status();
+                            given_shape(st)));
+  if (!sizes_positive(c, st, "state")) return c.status;
   const bool heads = st.ndim == 4;
   const int64_t S = st.sizes[0], H = st.sizes[1], P = heads ? st.sizes[2] : 1, N = st.sizes[st.ndim - 1];
   if (N > SELSCAN_MAX_DSTATE)
@@ -283,7 +99,7 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
 
   // x decides the batch, the tokens and the itype.
   const selscan_tensor_t& x = a->x;
-  if (!c.required(x, "x")) return c.status();
+  if (!c.presence(x, "x", true, true, "")) return c.status;
   if (!is_float(x.dtype))
     return fail(SELSCAN_STATUS_DTYPE_MISMATCH,
                 fmt::format("x: expected dtype float32, float16 or bfloat16, got {}", dtype_str(x.dtype)));
@@ -292,41 +108,41 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
   for (int i = 0; x_ok && i < nch; ++i) x_ok = x.sizes[x.ndim - nch + i] == st.sizes[1 + i];
   if (!x_ok)
     return fail(SELSCAN_STATUS_SHAPE_MISMATCH,
-                fmt::format("x: expected shape {} {}, got {}", form, tuple_str(st.sizes + 1, nch), given(x)));
-  if (!sizes_positive(c, x, "x")) return c.status();
+                fmt::format("x: expected shape {} {}, got {}", form, shape_str(st.sizes + 1, nch), given_shape(x)));
+  if (!sizes_positive(c, x, "x")) return c.status;
   const int32_t it = x.dtype;
   const int64_t Bt = x.sizes[0], T = has_t ? x.sizes[1] : 1;
   Shape xs{{0, 0, 0, 0}, x.ndim};
   for (int i = 0; i < x.ndim; ++i) xs.s[i] = x.sizes[i];
-  c.dtype(st, "state", SELSCAN_DTYPE_FLOAT32, it, "float32, or x's dtype");
-  c.layout(x, "x", false);
+  c.dtype(st, "state", SELSCAN_DTYPE_FLOAT32, "float32 or x's dtype", it);
+  c.layout(x, "x", false, false);
 
-  c.required(a->dt, "dt");
-  c.dtype(a->dt, "dt", SELSCAN_DTYPE_FLOAT32, it, "float32, or x's dtype");
-  c.shape(a->dt, "dt", xs, "like x");
-  c.layout(a->dt, "dt", false);
+  c.presence(a->dt, "dt", true, true, "");
+  c.dtype(a->dt, "dt", SELSCAN_DTYPE_FLOAT32, "float32 or x's dtype", it);
+  c.shape(a->dt, "dt", xs.s, xs.n, "like x");
+  c.layout(a->dt, "dt", false, false);
   if (a->z.data != nullptr) {
-    c.dtype(a->z, "z", SELSCAN_DTYPE_FLOAT32, it, "float32, or x's dtype");
-    c.shape(a->z, "z", xs, "like x");
-    c.layout(a->z, "z", false);
+    c.dtype(a->z, "z", SELSCAN_DTYPE_FLOAT32, "float32 or x's dtype", it);
+    c.shape(a->z, "z", xs.s, xs.n, "like x");
+    c.layout(a->z, "z", false, false);
   }
 
   Shape ws{{H, P, N, 0}, 1 + nch};  // A: (D, N) or (H, P, N)
   if (!heads) ws.s[1] = N;
-  c.required(a->A, "A");
-  c.dtype(a->A, "A", SELSCAN_DTYPE_FLOAT32, -1, "float32");
-  c.shape(a->A, "A", ws, heads ? "(heads, headdim, dstate)" : "(dim, dstate)");
-  c.layout(a->A, "A", false);
+  c.presence(a->A, "A", true, true, "");
+  c.dtype(a->A, "A", SELSCAN_DTYPE_FLOAT32, "float32");
+  c.shape(a->A, "A", ws.s, ws.n, heads ? "(heads, headdim, dstate)" : "(dim, dstate)");
+  c.layout(a->A, "A", false, false);
   const Shape cs{{H, P, 0, 0}, nch};  // D, dt_bias: (D,) or (H, P)
   const selscan_tensor_t* vecs[2] = {&a->D, &a->dt_bias};
   const char* vec_names[2] = {"D", "dt_bias"};
   for (int k = 0; k < 2; ++k)
     if (vecs[k]->data != nullptr) {
-      c.dtype(*vecs[k], vec_names[k], SELSCAN_DTYPE_FLOAT32, -1, "float32");
-      c.shape(*vecs[k], vec_names[k], cs, heads ? "(heads, headdim)" : "(dim,)");
-      c.layout(*vecs[k], vec_names[k], false);
+      c.dtype(*vecs[k], vec_names[k], SELSCAN_DTYPE_FLOAT32, "float32");
+      c.shape(*vecs[k], vec_names[k], cs.s, cs.n, heads ? "(heads, headdim)" : "(dim,)");
+      c.layout(*vecs[k], vec_names[k], false, false);
     }
-  if (!c.ok()) return c.status();
+  if (!c.ok()) return c.status;
 
   // B, C: (Bt, [T,] [G,] N).
   const int base_nd = 2 + (has_t ? 1 : 0);
@@ -335,7 +151,7 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
   const char* bc_names[2] = {"B", "C"};
   for (int k = 0; k < 2 && c.ok(); ++k) {
     const selscan_tensor_t& t = *bc[k];
-    if (!c.required(t, bc_names[k])) break;
+    if (!c.presence(t, bc_names[k], true, true, "")) break;
     const bool grouped = t.ndim == base_nd + 1;
     Shape want{{Bt, T, 0, 0}, grouped ? base_nd + 1 : base_nd};
     int i = has_t ? 2 : 1;
@@ -348,13 +164,13 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
       c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
               fmt::format("{}: expected shape ({}, {}{}) or ({}, {}groups, {}) (batch, {}[groups,] dstate), got {}",
                           bc_names[k], Bt, has_t ? fmt::format("{}, ", T) : "", N, Bt,
-                          has_t ? fmt::format("{}, ", T) : "", N, has_t ? "tokens, " : "", given(t)));
+                          has_t ? fmt::format("{}, ", T) : "", N, has_t ? "tokens, " : "", given_shape(t)));
       break;
     }
-    c.dtype(t, bc_names[k], SELSCAN_DTYPE_FLOAT32, it, "float32, or x's dtype");
-    c.layout(t, bc_names[k], false);
+    c.dtype(t, bc_names[k], SELSCAN_DTYPE_FLOAT32, "float32 or x's dtype", it);
+    c.layout(t, bc_names[k], false, false);
   }
-  if (!c.ok()) return c.status();
+  if (!c.ok()) return c.status;
   if (groups[0] != groups[1])
     return fail(SELSCAN_STATUS_SHAPE_MISMATCH,
                 fmt::format("C: expected the same number of groups as B ({}), got {}", groups[0], groups[1]));
@@ -366,23 +182,23 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
 
   const selscan_tensor_t& idx = a->state_batch_indices;
   if (idx.data != nullptr) {
-    c.dtype(idx, "state_batch_indices", SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64, "slot indices");
-    c.shape(idx, "state_batch_indices", Shape{{Bt, 0, 0, 0}, 1}, "(batch,): one slot per sequence");
-    c.layout(idx, "state_batch_indices", false);
+    c.dtype(idx, "state_batch_indices", SELSCAN_DTYPE_INT32, "slot indices", SELSCAN_DTYPE_INT64);
+    c.shape(idx, "state_batch_indices", {Bt}, "(batch,): one slot per sequence");
+    c.layout(idx, "state_batch_indices", false, false);
   } else if (S != Bt) {
     return fail(SELSCAN_STATUS_SHAPE_MISMATCH,
                 fmt::format("state: expected {} slots (one per sequence of x) without state_batch_indices, got {}",
-                            Bt, given(st)));
+                            Bt, given_shape(st)));
   }
 
   // outputs
-  c.layout(st, "state", true);
-  c.required(a->out, "out");
-  c.dtype(a->out, "out", it, -1, "x's dtype");
-  c.shape(a->out, "out", xs, "like x");
-  c.layout(a->out, "out", true);
-  c.aliases();
-  if (!c.ok()) return c.status();
+  c.layout(st, "state", false, true);
+  c.presence(a->out, "out", true, true, "");
+  c.dtype(a->out, "out", it, "x's dtype");
+  c.shape(a->out, "out", xs.s, xs.n, "like x");
+  c.layout(a->out, "out", false, true);
+  c.aliases("the state is the one argument updated in place, see docs/serving.md");
+  if (!c.ok()) return c.status;
   if (out == nullptr) return fail(SELSCAN_STATUS_INTERNAL, "make_state_update: out is NULL");
 
   StateUpdate p{};
@@ -447,15 +263,16 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
 
 Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec) {
   StateUpdate p;
+  selscan_exec_t ex;
   if (Status s = make_state_update(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (Status s = check_exec(exec); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (exec->device_kind == SELSCAN_DEVICE_CPU) return cpu::state_update(p, exec->num_threads);
+  if (Status s = check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
+  if (ex.device_kind == SELSCAN_DEVICE_CPU) return cpu::state_update(p, ex.num_threads);
 #if SELSCAN_WITH_CUDA
   cuda::Family family{};
-  if (Status s = cuda::select_family(exec->device_index, &family); s != SELSCAN_STATUS_SUCCESS) return s;
-  cuda::DeviceGuard guard(exec->device_index);
+  if (Status s = cuda::select_family(ex.device_index, &family); s != SELSCAN_STATUS_SUCCESS) return s;
+  cuda::DeviceGuard guard(ex.device_index);
   if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
-  return cuda::launch_state_update(p, exec->stream);
+  return cuda::launch_state_update(p, ex.stream);
 #else
   return fail(SELSCAN_STATUS_CUDA_NOT_BUILT,
               "selscan_state_update: this libselscan was built without CUDA; use SELSCAN_DEVICE_CPU or rebuild "

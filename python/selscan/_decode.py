@@ -15,101 +15,28 @@ strides, devices, flags) is built once per thread, and later calls with that sig
 pointers and the stream into it (the same pattern as the scan's call plans).
 """
 
-import ctypes
 import sys
-import threading
 
 import numpy as np
 
-from . import _backends, _lib
+from . import _backends, _lib, _plan
 from ._lib import SelscanError
 
-DTYPE_INT32 = 4
-DTYPE_INT64 = 5
-
-_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices", "state")
-
-
-class StateUpdateArgs(ctypes.Structure):
-    """selscan_state_update_args_t (include/selscan/selscan.h, section 5b)."""
-
-    _fields_ = (
-        [("struct_size", ctypes.c_size_t)]
-        + [(n, _lib.Tensor) for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices")]
-        + [("pad_slot_id", ctypes.c_int64), ("dt_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
-        + [("state", _lib.Tensor), ("out", _lib.Tensor)]
-    )
-
-
-def _entry():
-    fn = getattr(_lib.lib, "selscan_state_update", None)
-    if fn is None:
-        return None
-    # A handle taking plain addresses: no per-call ctypes argument conversion.
-    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(ctypes.cast(fn, ctypes.c_void_p).value)
-
-
-_FN = _entry()
-_EX_STREAM = _lib.Exec.stream.offset // 8
-_SLOTS = {n: getattr(StateUpdateArgs, n).offset // 8 for n in _NAMES + ("out",)}
-_MAX_PLANS = 256  # per thread; past it the cache starts over (a server uses a handful of signatures)
-_tls = threading.local()
-
-
-class _Plan:
-    """One signature's argument and exec structs; `slots` are the uint64 indices of the present tensors' data
-    pointers (out last)."""
-
-    __slots__ = ("args", "ex", "q", "eq", "slots", "a_addr", "e_addr")
-
-    def __init__(self, specs, flags, device_kind, device_index, num_threads):
-        args = StateUpdateArgs()
-        args.struct_size = ctypes.sizeof(StateUpdateArgs)
-        for name, (code, shape, strides) in specs.items():
-            _lib.set_tensor(getattr(args, name), 0, code, shape, strides)
-        args.dt_softplus, args.pad_slot_id = flags
-        ex = _lib.make_exec(device_kind, device_index, None, num_threads)
-        self.args, self.ex = args, ex
-        self.q = memoryview(args).cast("B").cast("Q")
-        self.eq = memoryview(ex).cast("B").cast("Q")
-        self.slots = tuple(_SLOTS[n] for n in specs)
-        self.a_addr, self.e_addr = ctypes.addressof(args), ctypes.addressof(ex)
-
-    def run(self, ptrs, stream):
-        q = self.q
-        for i, p in zip(self.slots, ptrs):
-            q[i] = p
-        self.eq[_EX_STREAM] = stream
-        status = _FN(self.a_addr, self.e_addr)
-        if status:
-            raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, "selscan_state_update")
-
-
-def _plans():
-    d = getattr(_tls, "plans", None)
-    if d is None or len(d) > _MAX_PLANS:
-        d = _tls.plans = {}
-    return d
-
-
-def _contiguous(shape):
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+_NAMES = _lib.STATE_UPDATE_INPUTS + ("state", "out")
+_IO = ("fp32", "fp16", "bf16")
 
 
 # ------------------------------------------------------------------------------------------------ frameworks
 class _Torch:
     """torch tensors, CPU or CUDA (the current stream of x's device)."""
 
+    ptr_expr = "{}.data_ptr()"
+
     def __init__(self):
         import torch
         self.torch = torch
         t = torch
-        self.codes = {t.float32: _lib.DTYPE_FLOAT32, t.float16: _lib.DTYPE_FLOAT16, t.bfloat16: _lib.DTYPE_BFLOAT16,
-                      t.int32: DTYPE_INT32, t.int64: DTYPE_INT64}
+        self.codes = {t.float32: "fp32", t.float16: "fp16", t.bfloat16: "bf16", t.int32: "i32", t.int64: "i64"}
         self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self.contiguous = torch.contiguous_format
 
@@ -136,9 +63,6 @@ class _Torch:
     def describe(self, a):
         return self.codes.get(a.dtype), tuple(a.shape), tuple(a.stride())
 
-    def ptr(self, a):
-        return a.data_ptr()
-
     def device(self, x):
         dev = x.get_device()
         return (_lib.DEVICE_CUDA, dev) if dev >= 0 else (_lib.DEVICE_CPU, 0)
@@ -162,19 +86,12 @@ class _Xp:
 
     def __init__(self, xp, cuda):
         self.xp, self.cuda = xp, cuda
+        self.ptr_expr = "{}.data.ptr" if cuda else "{}.__array_interface__['data'][0]"
 
     def code(self, dt):
-        if dt == np.float32:
-            return _lib.DTYPE_FLOAT32
-        if dt == np.float16:
-            return _lib.DTYPE_FLOAT16
-        if dt.name == "bfloat16":
-            return _lib.DTYPE_BFLOAT16
-        if dt == np.int32:
-            return DTYPE_INT32
-        if dt == np.int64:
-            return DTYPE_INT64
-        return None
+        if dt.name == "bfloat16":  # ml_dtypes
+            return "bf16"
+        return {np.float32: "fp32", np.float16: "fp16", np.int32: "i32", np.int64: "i64"}.get(dt.type)
 
     def adopt(self, name, a, x):
         xp = self.xp
@@ -212,9 +129,6 @@ class _Xp:
         if any(s < 0 or s % item for s in a.strides):
             return None, None, None
         return self.code(a.dtype), tuple(a.shape), tuple(s // item for s in a.strides)
-
-    def ptr(self, a):
-        return a.data.ptr if self.cuda else a.ctypes.data
 
     def device(self, x):
         return (_lib.DEVICE_CUDA, x.device.id) if self.cuda else (_lib.DEVICE_CPU, 0)
@@ -271,22 +185,22 @@ def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx):
         if a is not None and name != "x":
             ins[name] = fw.adopt(name, a, x)
     xc = fw.describe(x)[0]
-    if xc not in (_lib.DTYPE_FLOAT32, _lib.DTYPE_FLOAT16, _lib.DTYPE_BFLOAT16):
+    if xc not in _IO:
         x = ins["x"] = fw.to(x, fw.float32())  # e.g. float64 -> float32
-        xc = _lib.DTYPE_FLOAT32
+        xc = "fp32"
     for name in ("dt", "B", "C", "z"):  # float32 or x's dtype
         a = ins[name]
-        if a is not None and fw.describe(a)[0] not in (_lib.DTYPE_FLOAT32, xc):
+        if a is not None and fw.describe(a)[0] not in ("fp32", xc):
             ins[name] = fw.to(a, x.dtype)
     for name in ("A", "D", "dt_bias"):  # float32
         a = ins[name]
-        if a is not None and fw.describe(a)[0] != _lib.DTYPE_FLOAT32:
+        if a is not None and fw.describe(a)[0] != "fp32":
             ins[name] = fw.to(a, fw.float32())
     a = ins["state_batch_indices"]
-    if a is not None and fw.describe(a)[0] not in (DTYPE_INT32, DTYPE_INT64):
+    if a is not None and fw.describe(a)[0] not in ("i32", "i64"):
         ins["state_batch_indices"] = fw.to(a, fw.int64())
     sc = fw.describe(ins["state"])[0]
-    if sc not in (_lib.DTYPE_FLOAT32, xc):
+    if sc not in ("fp32", xc):
         raise SelscanError(f"state: dtype {ins['state'].dtype} cannot be used: the state is updated in place, so it "
                            f"must be float32 or x's dtype ({x.dtype})", _lib.STATUS_DTYPE_MISMATCH)
     return ins
@@ -300,9 +214,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     current stream of x's device); CuPy arrays on their device's current stream. See the module docstring for
     the shapes and docs/serving.md for the math.
     """
-    if _FN is None:
-        raise SelscanError(f"{_lib.library_path} has no selscan_state_update (libselscan older than this binding)",
-                           _lib.STATUS_INVALID_ARGUMENT)
     fw = _framework(x)
     if fw is None:
         x = np.asarray(x)
@@ -317,32 +228,33 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
                sig(dt_bias), sig(state_batch_indices), sig(state))
     except AttributeError:  # an argument of another type: the general path reports it
         key = None
-    plans = _plans()
-    plan = plans.get(key) if key is not None else None
-    if plan is not None:
-        ins = given
-    else:
-        named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-        ins = tuple(named[n] for n in _NAMES)
-        x = named["x"]
-        specs = {}
-        for name, a in zip(_NAMES, ins):
-            if a is None:
-                continue
-            code, shape, strides = fw.describe(a)
-            if code is None:
-                raise SelscanError(f"{name}: a negative or fractional stride cannot be passed to the library "
-                                   "(make it contiguous first)", _lib.STATUS_INVALID_ARGUMENT)
-            specs[name] = (code, shape, strides)
-        specs["out"] = (specs["x"][0], tuple(x.shape), _contiguous(tuple(x.shape)))
-        plan = _Plan(specs, (softplus, pad), kind, dev, num_threads)
-        # Only a signature that needed no conversion is cached (a cached call passes the caller's arrays as they
-        # are); the others convert again on every call.
-        if key is not None and all(a is b for a, b in zip(ins, given)):
-            plans[key] = plan
-    out = fw.empty(x)
-    ptr = fw.ptr
-    ptrs = [ptr(a) for a in ins if a is not None]
-    ptrs.append(ptr(out))
-    plan.run(ptrs, fw.stream(kind, dev))
+    plans = _plan.cache("state_update")
+    call = plans.get(key) if key is not None and _plan.ENABLED else None
+    if call is not None:
+        out = fw.empty(x)
+        call(given + (out,), fw.stream(kind, dev), 0)
+        return out
+    # The general path: conversions, then a call plan for this signature.
+    named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    x = named["x"]
+    named["out"] = out = fw.empty(x)
+    specs, positions = {}, []
+    for i, name in enumerate(_NAMES):
+        a = named.get(name)
+        if a is None:
+            continue
+        code, shape, strides = fw.describe(a)
+        if code is None:
+            raise SelscanError(f"{name}: a negative or fractional stride cannot be passed to the library (make it "
+                               "contiguous first)", _lib.STATUS_INVALID_ARGUMENT)
+        specs[name] = (code, shape, strides)
+        positions.append(i)
+    ins = tuple(named.get(n) for n in _NAMES)
+    plan = _plan.Plan("state_update", specs, [0] * len(specs), {"dt_softplus": softplus, "pad_slot_id": pad},
+                      kind, dev, num_threads)
+    call = plan.caller(positions, fw.ptr_expr)
+    # Only a signature that needed no conversion is cached: a cached call passes the caller's arrays as they are.
+    if key is not None and all(a is b for a, b in zip(ins, given)):
+        plans[key] = call
+    call(ins, fw.stream(kind, dev), 0)
     return out

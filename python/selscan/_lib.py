@@ -43,7 +43,10 @@ DTYPE_FLOAT32 = 0
 DTYPE_FLOAT16 = 1
 DTYPE_BFLOAT16 = 2
 DTYPE_COMPLEX64 = 3
-DTYPE_CODES = {"fp32": DTYPE_FLOAT32, "fp16": DTYPE_FLOAT16, "bf16": DTYPE_BFLOAT16, "c64": DTYPE_COMPLEX64}
+DTYPE_INT32 = 4  # index tensors only (state_batch_indices)
+DTYPE_INT64 = 5
+DTYPE_CODES = {"fp32": DTYPE_FLOAT32, "fp16": DTYPE_FLOAT16, "bf16": DTYPE_BFLOAT16, "c64": DTYPE_COMPLEX64,
+               "i32": DTYPE_INT32, "i64": DTYPE_INT64}
 
 # selscan_device_kind_t
 DEVICE_CPU = 0
@@ -115,6 +118,20 @@ class BwdArgs(ctypes.Structure):
         + [(n, Tensor) for n in BWD_SAVED]
         + [(n, Tensor) for n in BWD_OUTPUTS]
         + [("flags", ctypes.c_int32), ("reserved", ctypes.c_int32)]  # since 0.2; must be 0
+    )
+
+
+STATE_UPDATE_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices")
+
+
+class StateUpdateArgs(ctypes.Structure):
+    """selscan_state_update_args_t (the decode step)."""
+
+    _fields_ = (
+        [("struct_size", ctypes.c_size_t)]
+        + [(n, Tensor) for n in STATE_UPDATE_INPUTS]
+        + [("pad_slot_id", ctypes.c_int64), ("dt_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
+        + [("state", Tensor), ("out", Tensor)]
     )
 
 
@@ -238,6 +255,13 @@ def new_fwd_args():
 def new_bwd_args():
     a = BwdArgs()
     a.struct_size = ctypes.sizeof(BwdArgs)
+    return a
+
+
+def new_state_update_args():
+    a = StateUpdateArgs()
+    a.struct_size = ctypes.sizeof(StateUpdateArgs)
+    a.pad_slot_id = -1  # as SELSCAN_STATE_UPDATE_ARGS_INIT
     return a
 
 

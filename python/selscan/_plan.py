@@ -28,8 +28,23 @@ def _raw(name):
     return proto(ctypes.cast(getattr(_lib.lib, name), ctypes.c_void_p).value)
 
 
-_FWD = _raw("selscan_fwd")
-_BWD = _raw("selscan_bwd")
+# kind -> (new argument struct, entry point, its workspace query or None when the call needs no workspace)
+_KINDS = {
+    "fwd": (_lib.new_fwd_args, "selscan_fwd", "selscan_fwd_workspace_size"),
+    "bwd": (_lib.new_bwd_args, "selscan_bwd", "selscan_bwd_workspace_size"),
+    "state_update": (_lib.new_state_update_args, "selscan_state_update", None),
+}
+_FNS = {}  # entry point name -> its raw handle, made at first use (an older library may lack a newer entry)
+
+
+def _fn(name):
+    fn = _FNS.get(name)
+    if fn is None:
+        if not hasattr(_lib.lib, name):
+            raise _lib.SelscanError(f"{_lib.library_path} has no {name} (a libselscan older than this binding)",
+                                    _lib.STATUS_INVALID_ARGUMENT, name)
+        fn = _FNS[name] = _raw(name)
+    return fn
 
 _EX_STREAM = _lib.Exec.stream.offset // 8
 _EX_WS = _lib.Exec.workspace.offset // 8
@@ -50,7 +65,8 @@ class Plan:
     def __init__(self, kind, specs, ptrs, flags, device_kind, device_index, num_threads):
         """specs: name -> (dtype code, shape, strides in elements) for each present tensor, in the order the
         pointers are given per call; ptrs: the first call's pointers (the workspace query validates them)."""
-        args = _lib.new_fwd_args() if kind == "fwd" else _lib.new_bwd_args()
+        new_args, fn_name, ws_query = _KINDS[kind]
+        args = new_args()
         for (name, (code, shape, strides)), ptr in zip(specs.items(), ptrs):
             _lib.set_tensor(getattr(args, name), ptr, _lib.DTYPE_CODES[code], shape, strides)
         for field, value in flags.items():
@@ -61,11 +77,11 @@ class Plan:
         cls = type(args)
         self.slots = tuple(getattr(cls, name).offset // 8 for name in specs)
         self.a_addr, self.e_addr = ctypes.addressof(args), ctypes.addressof(ex)
-        self.fn, self.fn_name = (_FWD, "selscan_fwd") if kind == "fwd" else (_BWD, "selscan_bwd")
+        self.fn, self.fn_name = _fn(fn_name), fn_name
         self.ws_bytes = 0
-        if device_kind == _lib.DEVICE_CUDA:
+        if device_kind == _lib.DEVICE_CUDA and ws_query is not None:
             n = ctypes.c_size_t(0)
-            _lib.call(f"selscan_{kind}_workspace_size", ctypes.byref(args), ctypes.byref(ex), ctypes.byref(n))
+            _lib.call(ws_query, ctypes.byref(args), ctypes.byref(ex), ctypes.byref(n))
             self.ws_bytes = int(n.value)
             self.eq[_EX_WS_BYTES] = self.ws_bytes
         self.info = None

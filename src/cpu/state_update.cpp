@@ -15,9 +15,6 @@
 namespace selscan::cpu {
 namespace {
 
-// Below this many state updates (Bt * T * H * P * N) the caller's thread does the whole call: starting workers
-// costs more than the work.
-constexpr int64_t kSerialUpdates = int64_t{1} << 16;
 // Channels per task.
 constexpr int64_t kChannelsPerTask = 256;
 
@@ -116,7 +113,7 @@ Status state_update(const StateUpdate& p, int num_threads) {
     const int64_t blocks = (C + kChannelsPerTask - 1) / kChannelsPerTask;
     const int64_t ntasks = p.batch * blocks;
     const int64_t updates = p.batch * p.tokens * C * p.dstate;
-    const int nthreads = updates < kSerialUpdates ? 1 : resolve_threads(num_threads, ntasks);
+    const int nthreads = resolve_threads(num_threads, ntasks, updates);
     std::vector<std::unique_ptr<Scratch>> scratch(static_cast<size_t>(nthreads));
     return run_tasks(ntasks, nthreads, [&](int64_t task, int worker) {
       auto& sp = scratch[static_cast<size_t>(worker)];

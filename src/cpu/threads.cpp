@@ -37,7 +37,8 @@ class DenormalsAreZero {
 int resolve_threads(int requested, int64_t tasks, int64_t updates) {
   int n = requested;
   if (n <= 0) {
-    const unsigned hw = std::thread::hardware_concurrency();
+    // Asked once: the query reads the system's CPU list, which costs more than a decode step.
+    static const unsigned hw = std::thread::hardware_concurrency();
     n = hw == 0 ? 1 : static_cast<int>(std::min<unsigned>(hw, 1024));
     // Starting and joining a worker costs tens of microseconds, as much as ~10^4-10^5 state updates: a
     // small call (a decode step, a short sequence) runs fastest on the caller's thread alone.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,8 @@ struct NamedStateUpdateSpec {
   std::string name;
   StateUpdateSpec spec;
 };
+// How GoogleTest prints a matrix entry (its spec, not the bytes).
+inline void PrintTo(const NamedStateUpdateSpec& s, std::ostream* os) { *os << s.spec.str(); }
 std::vector<NamedStateUpdateSpec> state_update_matrix();
 
 // Poisons out, then runs selscan_state_update on `exec`: on the host storages, or (dev != nullptr) on device
