@@ -24,6 +24,7 @@ int main(void) {
   const selscan_fwd_args_t fwd_init = SELSCAN_FWD_ARGS_INIT;
   const selscan_bwd_args_t bwd_init = SELSCAN_BWD_ARGS_INIT;
   static const selscan_bwd_args_t bwd_zero; /* static: every byte zero */
+  const selscan_state_update_args_t su_init = SELSCAN_STATE_UPDATE_ARGS_INIT;
   size_t bytes = 12345;
   int s;
 
@@ -39,6 +40,8 @@ int main(void) {
   CHECK(memcmp((const char*)&bwd_init + sizeof(size_t), (const char*)&bwd_zero + sizeof(size_t),
                sizeof bwd_init - sizeof(size_t)) == 0);
   CHECK(exec.struct_size == sizeof exec && exec.reserved == 0);
+  CHECK(su_init.struct_size == sizeof su_init && su_init.pad_slot_id == -1 && su_init.flags == 0 &&
+        su_init.dt_softplus == 0 && su_init.x.data == NULL && su_init.state.data == NULL && su_init.out.data == NULL);
 
   /* Every status has a short, non-empty string; an out-of-range one still gets a string. */
   for (s = SELSCAN_STATUS_SUCCESS; s < SELSCAN_STATUS_COUNT; ++s) {
@@ -57,6 +60,7 @@ int main(void) {
   /* NULL arguments are reported, never crash, and leave a message naming what was wrong. */
   CHECK(selscan_fwd(NULL, &exec) == SELSCAN_STATUS_INVALID_ARGUMENT);
   CHECK(selscan_last_error()[0] != '\0');
+  CHECK(selscan_state_update(NULL, &exec) == SELSCAN_STATUS_INVALID_ARGUMENT);
 
   /* struct_size below the first version of the struct is its own status. */
   memset(&fwd, 0, sizeof fwd);
