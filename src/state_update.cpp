@@ -261,6 +261,40 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
   return SELSCAN_STATUS_SUCCESS;
 }
 
+namespace {
+
+int64_t float_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
+
+// 16-byte loads of a lane's kStatesPerLane consecutive elements: unit last stride, whole lanes, and the base and
+// every other stride (`n` of them) on 16-byte boundaries.
+bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
+  constexpr int kLane = StateUpdatePlan::kStatesPerLane;
+  const int64_t e = float_bytes(t);
+  if (last_stride != 1 || dstate % kLane != 0 || (kLane * e) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  for (int i = 0; i < n; ++i)
+    if ((strides[i] * e) % 16 != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+StateUpdatePlan plan_state_update(const StateUpdate& p) {
+  StateUpdatePlan plan{};
+  const int64_t chunks = (p.dstate + StateUpdatePlan::kStatesPerLane - 1) / StateUpdatePlan::kStatesPerLane;
+  plan.lanes = 1;
+  plan.lane_bits = 0;
+  while (plan.lanes < chunks) {  // chunks <= 32 for dstate <= 256
+    plan.lanes <<= 1;
+    ++plan.lane_bits;
+  }
+  plan.vec_state = vec_ok(p.state, p.state_t, p.dstate, p.sstate[3], p.sstate, 3);
+  plan.vec_A = vec_ok(p.A, Dtype::f32, p.dstate, p.sA[2], p.sA, 2);
+  plan.vec_B = vec_ok(p.B, p.B_t, p.dstate, p.sB[3], p.sB, 3);
+  plan.vec_C = vec_ok(p.C, p.C_t, p.dstate, p.sC[3], p.sC, 3);
+  return plan;
+}
+
 Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec) {
   StateUpdate p;
   selscan_exec_t ex;
@@ -268,11 +302,11 @@ Status state_update(const selscan_state_update_args_t* args, const selscan_exec_
   if (Status s = check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
   if (ex.device_kind == SELSCAN_DEVICE_CPU) return cpu::state_update(p, ex.num_threads);
 #if SELSCAN_WITH_CUDA
-  cuda::Family family{};
-  if (Status s = cuda::select_family(ex.device_index, &family); s != SELSCAN_STATUS_SUCCESS) return s;
+  const cuda::DeviceProps* dev = nullptr;  // whether this build serves the device: cached after the first call
+  if (Status s = cuda::device_props(ex.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
   cuda::DeviceGuard guard(ex.device_index);
   if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
-  return cuda::launch_state_update(p, ex.stream);
+  return cuda::launch_state_update(p, plan_state_update(p), ex.stream);
 #else
   return fail(SELSCAN_STATUS_CUDA_NOT_BUILT,
               "selscan_state_update: this libselscan was built without CUDA; use SELSCAN_DEVICE_CPU or rebuild "

@@ -39,6 +39,17 @@ struct StateUpdate {
   int64_t channels() const { return heads * headdim; }
 };
 
+// How the CUDA kernel serves a call, decided on the host (and tested on the CPU): `lanes` adjacent threads per
+// channel (a power of two: N / kStatesPerLane rounded up, at most 32), each owning kStatesPerLane consecutive
+// states; and which tensors allow 16-byte loads of a lane's states (unit state stride, dstate a multiple of
+// kStatesPerLane, the base and every other stride on 16-byte boundaries).
+struct StateUpdatePlan {
+  static constexpr int kStatesPerLane = 8;
+  int lanes, lane_bits;
+  bool vec_state, vec_A, vec_B, vec_C;
+};
+StateUpdatePlan plan_state_update(const StateUpdate& p);
+
 // Validates the public struct (any accepted struct_size) and fills `out`; every failure records a message that
 // names the argument and the value given. Allocates and formats nothing unless it fails.
 Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* out);
@@ -51,9 +62,9 @@ Status state_update(const StateUpdate& p, int num_threads);
 }  // namespace cpu
 
 namespace cuda {
-// Defined in kernels/decode/: enqueues the kernel on `stream` (a cudaStream_t) on the current device. No
-// allocation, no synchronisation, no device query. SUCCESS or CUDA_ERROR (with the runtime's text).
-Status launch_state_update(const StateUpdate& p, void* stream);
+// Defined in kernels/decode/: enqueues the kernel with `plan` on `stream` (a cudaStream_t) on the current device.
+// No allocation, no synchronisation, no device query. SUCCESS or CUDA_ERROR (with the runtime's text).
+Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, void* stream);
 }  // namespace cuda
 
 }  // namespace selscan

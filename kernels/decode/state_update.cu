@@ -8,29 +8,26 @@
 //   - the state is read once with streaming loads (it is not reused before the next decode step, which comes
 //     after every other layer's states have passed through L2), kept in registers through the T tokens, and
 //     written once with streaming stores; out sums over the channel's lanes with shuffles (no shared memory);
-//   - grid.y is the sequence, so a block's slot lookup and its padding branch are uniform; grid.x covers the
-//     channels. Nothing depends on the device's SM count, so a launch queries nothing.
+//   - grid.y walks the sequences (kSeqs per thread), so a block's slot lookups and padding branches are
+//     uniform; grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
+// The lanes and the vector paths are decided on the host (plan_state_update, src/state_update.cpp).
 // dt, x, z, B and C are tiny and read through runtime-dtype loads (FLOAT32 or x's dtype each): the only
 // compile-time parameter is the state dtype.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "../common.cuh"
+#include "../common/io.cuh"
+#include "../common/launch.cuh"
+#include "../common/math.cuh"
 #include "state_update.h"
 
 namespace selscan::kern {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kStatesPerLane = 8;
+constexpr int kStatesPerLane = StateUpdatePlan::kStatesPerLane;
 constexpr int64_t kMaxGridY = 65535;
-
-// What the launcher decides on the host: lanes per channel and which tensors allow 16-byte loads.
-struct Plan {
-  int lanes, lane_bits;
-  bool vec_state, vec_A, vec_B, vec_C;
-};
 
 // ---------------------------------------------------------------------------------------------- IO
 __device__ __forceinline__ float ld(Dtype t, const void* p, int64_t off) {
@@ -112,7 +109,7 @@ constexpr int kSeqs = sizeof(S) == 4 ? 2 : 4;
 enum SeqKind : int { kRun = 0, kPad = 1, kBad = 2, kNone = 3 };
 
 template <typename S>
-__global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdate p, const Plan plan) {
+__global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdate p, const StateUpdatePlan plan) {
   constexpr int R = kSeqs<S>;
   const int P = static_cast<int>(p.headdim);
   const int channels = static_cast<int>(p.heads) * P;
@@ -201,44 +198,13 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
   }
 }
 
-// ---------------------------------------------------------------------------------------------- host side
-int64_t dtype_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
-
-// 16-byte loads of 8 consecutive elements at every lane's offset: unit last stride, the lanes' 8-element
-// steps and every other stride land on 16-byte boundaries, and the base is 16-byte aligned.
-bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
-  const int64_t e = dtype_bytes(t);
-  if (last_stride != 1 || dstate % kStatesPerLane != 0 || (kStatesPerLane * e) % 16 != 0) return false;
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  for (int i = 0; i < n; ++i)
-    if ((strides[i] * e) % 16 != 0) return false;
-  return true;
-}
-
-Plan make_plan(const StateUpdate& p) {
-  Plan plan{};
-  const int64_t chunks = (p.dstate + kStatesPerLane - 1) / kStatesPerLane;  // <= 32 for dstate <= 256
-  plan.lanes = 1;
-  plan.lane_bits = 0;
-  while (plan.lanes < chunks) {
-    plan.lanes <<= 1;
-    ++plan.lane_bits;
-  }
-  plan.vec_state = vec_ok(p.state, p.state_t, p.dstate, p.sstate[3], p.sstate, 3);
-  plan.vec_A = vec_ok(p.A, Dtype::f32, p.dstate, p.sA[2], p.sA, 2);
-  plan.vec_B = vec_ok(p.B, p.B_t, p.dstate, p.sB[3], p.sB, 3);
-  plan.vec_C = vec_ok(p.C, p.C_t, p.dstate, p.sC[3], p.sC, 3);
-  return plan;
-}
-
 }  // namespace
 }  // namespace selscan::kern
 
 namespace selscan::cuda {
 
-Status launch_state_update(const StateUpdate& p, void* stream) {
+Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, void* stream) {
   using namespace kern;
-  const Plan plan = make_plan(p);
   const int64_t threads = p.channels() * plan.lanes;  // < 2^31 (validated)
   const auto grid = [&](int seqs) {
     const int64_t y = (p.batch + seqs - 1) / seqs;
@@ -254,11 +220,7 @@ Status launch_state_update(const StateUpdate& p, void* stream) {
       break;
     default: return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: state dtype is not f32/f16/bf16");
   }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return fail(SELSCAN_STATUS_CUDA_ERROR,
-                std::string("selscan_state_update: kernel launch failed: ") + cudaGetErrorString(err));
-  return SELSCAN_STATUS_SUCCESS;
+  return launch_status("selscan_state_update: the kernel's launch");
 }
 
 }  // namespace selscan::cuda

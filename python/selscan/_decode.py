@@ -12,7 +12,7 @@ slot idx[b]; an entry equal to pad_slot_id skips the sequence (its out is 0, no 
 
 Per-call host work is kept to what the call needs: the argument struct of a call signature (dtypes, shapes,
 strides, devices, flags) is built once per thread, and later calls with that signature write only the data
-pointers and the stream into it (the same pattern as the scan's call plans).
+pointers and the stream into it (a call plan of _plan.py, as the scan uses).
 """
 
 import sys
