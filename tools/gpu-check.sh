@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
-# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python ddp all (default: all)
+# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python pyhost hf ddp all (default: all)
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
@@ -88,6 +88,25 @@ if want python; then
   SELSCAN_LIBRARY=$PWD/$lib SELSCAN_GOLDEN_DIR=$GOLDEN PYTHONPATH=$PWD/python python3 -m pytest -q python/tests \
     >"$OUT/pytest.log" 2>&1
   note "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+
+if want pyhost; then
+  # bench/python_host.py: host cost per call, latency and back-to-back loops through selscan.torch (and upstream's
+  # selective_scan_cuda when it is importable from PYTHONPATH), then the decode step's host cost.
+  lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
+  SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} python3 bench/python_host.py \
+    --json "$OUT/python_host.json" >"$OUT/python_host.txt" 2>&1
+  note "python_host rc=$? (python_host.txt)"
+  SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python python3 bench/bench_decode_host.py >"$OUT/decode_host.txt" 2>&1
+  note "bench_decode_host rc=$? (decode_host.txt)"
+fi
+
+if want hf; then
+  # examples/transformers_mamba.py --bench: MambaForCausalLM at the mamba-130m shape (needs transformers).
+  lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
+  SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} python3 examples/transformers_mamba.py \
+    --bench >"$OUT/hf.txt" 2>&1
+  note "transformers bench rc=$? (hf.txt)"
 fi
 
 if want ddp; then
