@@ -19,15 +19,26 @@ import re
 import statistics
 import sys
 
-# Issue #4: upstream selective_scan_cuda, (fwd ms, bwd ms) per row. Targets: fwd 1/3, bwd 1/2.5 of these.
-UPSTREAM = {
-    ("bf16", "8x1536x2048:16"): (0.453, 1.805),
-    ("bf16", "4x5120x2048:16"): (0.740, 2.915),
-    ("bf16", "1x2048x65536:16"): (2.965, 11.392),
-    ("bf16", "1x5120x512:16"): (0.065, 0.307),
-    ("fp32", "8x1536x2048:16"): (0.901, 2.149),
-    ("bf16", "4x2048x2048:64"): (1.022, 4.553),
-}
+SHAPES_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "bench_shapes.def")
+ITYPE_NAMES = {"FLOAT32": "fp32", "FLOAT16": "fp16", "BFLOAT16": "bf16"}
+
+
+def upstream_figures(path=SHAPES_DEF):
+    """Issue #4's rows and upstream selective_scan_cuda's (fwd ms, bwd ms), in table order, from the benchmark
+    shape table that selscan_bench and `selscan bench` are built from."""
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"\s*SELSCAN_BENCH_SHAPE\(\s*gpu\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,"
+                         r"\s*(\w+)\s*,\s*([\d.]+)\s*,\s*([\d.]+)\s*\)", line)
+            if m:
+                bt, d, l, n, itype, fwd, bwd = m.groups()
+                rows[(ITYPE_NAMES[itype], f"{bt}x{d}x{l}:{n}")] = (float(fwd), float(bwd))
+    return rows
+
+
+# Targets: fwd 1/3, bwd 1/2.5 of upstream.
+UPSTREAM = upstream_figures()
 TARGET_DIV = {"fwd": 3.0, "bwd": 2.5}
 ISSUE_ORDER = list(UPSTREAM.keys())
 MODE_ORDER = {"fwd": 0, "fwd_infer": 1, "bwd": 2, "bwd_det": 3}
@@ -191,7 +202,7 @@ def sweep_table(run):
 def copy_line(run):
     for (section, _m, _d, s, _t), r in run["results"].items():
         if section == "gpu_copy" and "GB_s" in r:
-            return [f"Device-to-device cudaMemcpy ({s}, read + write counted): {r['GB_s']:.0f} GB/s "
+            return [f"Device-to-device copy ({s}, read + write counted): {r['GB_s']:.0f} GB/s "
                     f"({r['ms']:.3f} ms per copy).", ""]
     return []
 

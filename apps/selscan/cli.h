@@ -1,16 +1,22 @@
-// Shared pieces of the `selscan` subcommands: option parsing, device discovery, timing and the
-// run-and-compare step used by `doctor` and `run`.
+// Shared pieces of the `selscan` subcommands: option parsing, picking a device, the float64 reference of a
+// case and the run-and-compare step used by `doctor` and `run`. Cases, devices, the reference and the benchmark
+// harness come from the support library (support/).
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "reference.h"
-#include "scan_case.h"
+#include "support/bench.h"
+#include "support/device.h"
+#include "support/dtype.h"
+#include "support/reference.h"
+#include "support/spec.h"
 
 namespace selscan_cli {
+
+using namespace selscan_support;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFail = 1;   // a check failed or results disagree
@@ -45,34 +51,36 @@ class Options {
 bool case_flag(const std::string& name, CaseSpec* s);
 
 // ------------------------------------------------------------------------------------------- devices
-struct DeviceInfo {
-  int index = 0;
-  std::string name;
-  int sm_major = 0, sm_minor = 0;
-  size_t total_mem = 0;
-  int sm_count = 0;
-  size_t l2_bytes = 0;
-  selscan_status_t check = SELSCAN_STATUS_NO_DEVICE;  // selscan_check_device
-  std::string check_message;                          // selscan_last_error() when not SUCCESS
-  bool usable() const { return check == SELSCAN_STATUS_SUCCESS; }
-};
-// Every CUDA device the driver shows (empty without a driver), with whether this build runs on it.
-std::vector<DeviceInfo> list_devices();
-
 // Resolves --device ("", "auto", "cpu", "cuda", "cuda:N") to a target. For "" / "auto": the first usable
 // CUDA device, else the CPU, with `note` saying why the CPU was chosen. False with err set otherwise.
 bool pick_target(const std::string& opt, Target* t, std::string* label, std::string* note, std::string* err);
 
-// ------------------------------------------------------------------------------------------- timing
-// Median (and all samples) of `iters` calls after `warmup` calls; on CUDA timed with driver events on the
-// case's stream, on the CPU with a steady clock. `cases` are used round-robin (L2 rotation on the GPU).
-struct Timing {
-  std::vector<double> ms;
-  double median = 0, min = 0;
+// ------------------------------------------------------------------------------------------- reference
+// The float64 reference's outputs and gradients of a case, by TensorId, in the tensors' layouts.
+struct Reference {
+  std::array<std::vector<double>, kTensorCount> v;
 };
-// `progress(done, total)` is called after each call when given.
-bool time_calls(const std::vector<DeviceCase*>& cases, bool forward, int warmup, int iters, Timing* out,
-                std::string* err, const std::function<void(int, int)>& progress = nullptr);
+// Forward and backward of support/reference.h on `in`, split over `threads` threads.
+void reference_forward_backward(const CaseSpec& s, const HostData& in, Reference* ref, int threads);
+// The reference's gradients against central finite differences (ref_gradient_check) on a small problem with
+// s's flags and groups, so that it stays fast whatever s's size. Expect ~1e-9; the check passes below 1e-5.
+double reference_gradient_check(const CaseSpec& s, int directions, uint64_t seed);
+
+// Agreement of one tensor with a reference: score = max_i |got_i - ref_i| / (|ref_i| + rms(ref)), i.e. an
+// element-wise relative error that does not blow up on the near-zero elements of a tensor. NaN/Inf fail.
+struct Agreement {
+  std::string name;
+  double max_abs = 0;  // max |got - ref|
+  double score = 0;
+  double tol = 0;
+  bool pass = false;
+};
+Agreement compare(const std::string& name, const std::vector<float>& got, const std::vector<double>& ref,
+                  double tol);
+Agreement compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                  double tol);
+// Tolerance on `score` for results in `itype` (its rounding plus fp32 accumulation over long sequences).
+double tolerance(int32_t itype);
 
 // ------------------------------------------------------------------------------------------- checks
 // Runs forward then backward of `s` on `target` once (outputs poisoned first) and compares every output with

@@ -1,11 +1,12 @@
 #include <algorithm>
-#include <chrono>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "cli.h"
-#include "cuda_driver.h"
 
 namespace selscan_cli {
 
@@ -60,33 +61,6 @@ bool Options::int_value(int64_t lo, int64_t hi, int64_t* v) {
 }
 
 // ------------------------------------------------------------------------------------------- devices
-std::vector<DeviceInfo> list_devices() {
-  std::vector<DeviceInfo> out;
-  const DriverState& st = driver_state();
-  if (!st.available) return out;
-  const Driver& d = driver();
-  for (int i = 0; i < st.device_count; ++i) {
-    DeviceInfo info;
-    info.index = i;
-    CUdevice dev = 0;
-    if (d.cuDeviceGet(&dev, i) == kCudaSuccess) {
-      char name[256] = {};
-      if (d.cuDeviceGetName(name, int(sizeof(name)) - 1, dev) == kCudaSuccess) info.name = name;
-      d.cuDeviceGetAttribute(&info.sm_major, kAttrComputeMajor, dev);
-      d.cuDeviceGetAttribute(&info.sm_minor, kAttrComputeMinor, dev);
-      d.cuDeviceGetAttribute(&info.sm_count, kAttrMultiprocessorCount, dev);
-      int l2 = 0;
-      d.cuDeviceGetAttribute(&l2, kAttrL2CacheSize, dev);
-      info.l2_bytes = size_t(l2);
-      d.cuDeviceTotalMem(&info.total_mem, dev);
-    }
-    info.check = selscan_check_device(i);
-    if (info.check != SELSCAN_STATUS_SUCCESS) info.check_message = selscan_last_error();
-    out.push_back(std::move(info));
-  }
-  return out;
-}
-
 namespace {
 std::string device_label(const DeviceInfo& d) {
   return fmt::format("cuda:{} ({}, sm_{}{})", d.index, d.name, d.sm_major, d.sm_minor);
@@ -147,69 +121,116 @@ bool pick_target(const std::string& opt, Target* t, std::string* label, std::str
   return false;
 }
 
-// ------------------------------------------------------------------------------------------- timing
-bool time_calls(const std::vector<DeviceCase*>& cases, bool forward, int warmup, int iters, Timing* out,
-                std::string* err, const std::function<void(int, int)>& progress) {
-  out->ms.clear();
-  const bool gpu = cases[0]->target().kind == SELSCAN_DEVICE_CUDA;
-  auto call = [&](int i) {
-    DeviceCase& c = *cases[size_t(i) % cases.size()];
-    const bool ok = forward ? c.fwd(err) : c.bwd(err);
-    if (progress) progress(i + 1, warmup + iters);
-    return ok;
-  };
-  for (int i = 0; i < warmup; ++i)
-    if (!call(i)) return false;
-  if (!gpu) {
-    for (int i = 0; i < iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (!call(warmup + i)) return false;
-      const auto t1 = std::chrono::steady_clock::now();
-      out->ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-  } else {
-    const Driver& d = driver();
-    std::vector<CUevent> ev(size_t(2 * iters), nullptr);
-    bool ok = true;
-    for (CUevent& e : ev) {
-      const CUresult r = d.cuEventCreate(&e, 0);
-      if (r != kCudaSuccess) {
-        *err = fmt::format("cuEventCreate: {}", d.error_text(r));
-        ok = false;
-        break;
-      }
-    }
-    for (int i = 0; ok && i < iters; ++i) {
-      DeviceCase& c = *cases[size_t(warmup + i) % cases.size()];
-      d.cuEventRecord(ev[size_t(2 * i)], c.stream());
-      ok = call(warmup + i);
-      d.cuEventRecord(ev[size_t(2 * i + 1)], c.stream());
-    }
-    if (ok) {
-      const CUresult r = d.cuEventSynchronize(ev.back());
-      if (r != kCudaSuccess) {
-        *err = fmt::format("cuEventSynchronize: {}", d.error_text(r));
-        ok = false;
-      }
-    }
-    for (int i = 0; ok && i < iters; ++i) {
-      float ms = 0;
-      const CUresult r = d.cuEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-      if (r != kCudaSuccess) {
-        *err = fmt::format("cuEventElapsedTime: {}", d.error_text(r));
-        ok = false;
-      }
-      out->ms.push_back(double(ms));
-    }
-    for (CUevent e : ev)
-      if (e != nullptr) d.cuEventDestroy(e);
-    if (!ok) return false;
+// ------------------------------------------------------------------------------------------- reference
+namespace {
+
+// support/reference.h's view of a contiguous case (real weights, no h0).
+RefProblem ref_problem(const CaseSpec& s, const HostData& in) {
+  RefProblem p;
+  p.Bt = s.batch, p.D = s.dim, p.L = s.seqlen, p.N = s.dstate;
+  p.G = (s.var_B || s.var_C) ? s.groups : 1;
+  p.var_B = s.var_B, p.var_C = s.var_C, p.softplus = s.softplus;
+  p.has_D = s.has_D, p.has_z = s.has_z, p.has_bias = s.has_delta_bias;
+  auto reals = [&](int t) { return std::vector<double>(in.v[t].begin(), in.v[t].end()); };
+  auto complexes = [&](int t) { return std::vector<cd>(in.v[t].begin(), in.v[t].end()); };
+  p.u = reals(kU);
+  p.delta = reals(kDelta);
+  if (s.has_z) p.z = reals(kZ);
+  p.A = complexes(kA);
+  p.B = complexes(kB);
+  p.C = complexes(kC);
+  if (s.has_D) p.Dv = reals(kD);
+  if (s.has_delta_bias) p.bias = reals(kBias);
+  return p;
+}
+
+}  // namespace
+
+void reference_forward_backward(const CaseSpec& s, const HostData& in, Reference* ref, int threads) {
+  const RefProblem p = ref_problem(s, in);
+  const RefFwd f = ref_forward(p, false, threads);
+  const RefBwd g = ref_backward(p, std::vector<double>(in.v[kDout].begin(), in.v[kDout].end()), false, threads);
+  for (std::vector<double>& v : ref->v) v.clear();
+  ref->v[kOut] = f.y;
+  ref->v[kOutZ] = f.out_z;
+  if (s.with_x) ref->v[kX] = ref_x_values(f, p);
+  if (s.with_last_state) ref->v[kLast] = flatten(f.last_state, false);
+  ref->v[kDu] = g.du;
+  ref->v[kDdelta] = g.ddelta;
+  ref->v[kDA] = flatten(g.dA, false);
+  ref->v[kDB] = flatten(g.dB, false);
+  ref->v[kDC] = flatten(g.dC, false);
+  if (s.has_D) ref->v[kDD] = g.dD;
+  ref->v[kDz] = g.dz;
+  if (s.has_delta_bias) ref->v[kDbias] = g.dbias;
+}
+
+double reference_gradient_check(const CaseSpec& full, int directions, uint64_t seed) {
+  CaseSpec s = full;
+  s.batch = std::min<int64_t>(s.batch, 2);
+  s.dim = s.groups * std::min<int64_t>(s.dim / s.groups, 2);
+  s.seqlen = std::min<int64_t>(s.seqlen, 150);
+  s.dstate = std::min<int64_t>(s.dstate, 4);
+  s.itype = SELSCAN_DTYPE_FLOAT32;
+  const HostData in = make_inputs(s, seed);
+  return ref_gradient_check(ref_problem(s, in), std::vector<double>(in.v[kDout].begin(), in.v[kDout].end()),
+                            directions, seed + 1);
+}
+
+// ------------------------------------------------------------------------------------------- agreement
+namespace {
+
+template <typename R>
+Agreement compare_impl(const std::string& name, const std::vector<float>& got, const std::vector<R>& ref,
+                       double tol) {
+  Agreement a;
+  a.name = name;
+  a.tol = tol;
+  if (got.size() != ref.size()) {
+    a.score = std::numeric_limits<double>::infinity();
+    a.max_abs = a.score;
+    return a;
   }
-  std::vector<double> s = out->ms;
-  std::sort(s.begin(), s.end());
-  out->min = s.empty() ? 0 : s.front();
-  out->median = s.empty() ? 0 : (s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]));
-  return true;
+  double ss = 0;
+  for (const R& r : ref) ss += double(r) * double(r);
+  const double rms = ref.empty() ? 0.0 : std::sqrt(ss / double(ref.size()));
+  const double floor = rms > 0 ? rms : 1e-30;
+  bool finite = true;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = double(ref[i]);
+    if (!std::isfinite(g)) {
+      finite = false;
+      continue;
+    }
+    const double e = std::fabs(g - r);
+    a.max_abs = std::max(a.max_abs, e);
+    a.score = std::max(a.score, e / (std::fabs(r) + floor));
+  }
+  if (!finite) {
+    a.score = std::numeric_limits<double>::infinity();
+    a.max_abs = a.score;
+  }
+  a.pass = finite && a.score <= tol;
+  return a;
+}
+
+}  // namespace
+
+Agreement compare(const std::string& name, const std::vector<float>& got, const std::vector<double>& ref,
+                  double tol) {
+  return compare_impl(name, got, ref, tol);
+}
+Agreement compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                  double tol) {
+  return compare_impl(name, got, ref, tol);
+}
+
+double tolerance(int32_t itype) {
+  switch (itype) {
+    case SELSCAN_DTYPE_FLOAT16: return 5e-3;   // 2^-11 rounding of every itype output, with room
+    case SELSCAN_DTYPE_BFLOAT16: return 3e-2;  // 2^-8 rounding, with room
+    default: return 2e-4;                      // fp32 accumulation over long sequences (float64: ~1e-6)
+  }
 }
 
 // ------------------------------------------------------------------------------------------- checks

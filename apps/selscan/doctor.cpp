@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "cli.h"
-#include "cuda_driver.h"
+#include "support/cuda_driver.h"
 #include "json.h"
 
 namespace selscan_cli {
@@ -484,7 +484,7 @@ std::vector<SelfTestCase> self_test_cases() {
   // Constant B and C together, deterministic backward.
   SelfTestCase c4{"fp32 const B/C, deterministic bwd", case_spec(3, 4, 64, 16, SELSCAN_DTYPE_FLOAT32)};
   c4.spec.var_B = c4.spec.var_C = false;
-  c4.spec.has_bias = false;
+  c4.spec.has_delta_bias = false;
   c4.spec.deterministic = true;
   cases.push_back(c4);
   return cases;

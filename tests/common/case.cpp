@@ -1,28 +1,11 @@
 #include "case.h"
 
-#include "args.h"
-
 #include <cmath>
-#include <random>
-#include <sstream>
 #include <stdexcept>
 
 namespace selscan_test {
 
 namespace {
-
-// Portable random numbers (std::mt19937_64 is specified bit for bit; the distributions are not).
-struct Rng {
-  std::mt19937_64 g;
-  explicit Rng(uint64_t seed) : g(seed) {}
-  double uniform() { return static_cast<double>(g() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-  double normal() {
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-};
-
-bool is16(int32_t dt) { return dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16; }
 
 // Fill every element of t (C order) with gen(); real tensors round to their dtype.
 template <class F>
@@ -51,18 +34,6 @@ Layout bdl_layout(Strides s, const char* which, int64_t D, int64_t L) {
 }
 
 }  // namespace
-
-std::string CaseSpec::str() const {
-  std::ostringstream os;
-  os << "Bt=" << batch << " D=" << dim << " L=" << seqlen << " N=" << dstate << " G=" << groups
-     << " itype=" << dtype_str(itype) << (complex ? " complex" : " real") << " B=" << (var_B ? "var" : "const")
-     << " C=" << (var_C ? "var" : "const") << (has_D ? " +D" : "") << (has_z ? " +z" : "")
-     << (has_delta_bias ? " +bias" : "") << (softplus ? " +softplus" : "") << (has_h0 ? " +h0" : "")
-     << (bc_3d ? " bc3d" : "")
-     << (strides == Strides::mamba_inner ? " strides=inner" : strides == Strides::padded ? " strides=padded" : "")
-     << (slow_decay ? " slow" : "") << " delta=[" << delta_lo << "," << delta_hi << ") seed=" << seed;
-  return os.str();
-}
 
 std::vector<Tensor*> Case::inputs() { return {&u, &delta, &A, &B, &C, &D, &z, &delta_bias, &h0}; }
 
@@ -229,7 +200,6 @@ Case make_case(const CaseSpec& s) {
   if (s.has_delta_bias) c.ddelta_bias = out(SELSCAN_DTYPE_FLOAT32, {D}, {});
   if (s.has_h0 && s.with_dh0) c.dh0 = out(wt, {Bt, D, N}, bdn);
   if (s.has_z && s.recompute_out_z) c.out_z_bwd = out(it, shape_bdl, bdl_layout(s.strides, "z", D, L));
-  (void)is16;
   return c;
 }
 
@@ -401,31 +371,20 @@ std::vector<double> ref_dout(const Case& c) {
 }
 
 namespace {
-// Chunk states in the x tensor's layout, (Bt, D, nc, N) with P and H interleaved: ref_x_values and ref_x_cond
-// lay out the states and their condition scales alike.
-template <class T>
-std::vector<T> x_layout(const Case& c, const std::vector<T>& P, const std::vector<T>& H) {
-  const int64_t Bt = c.spec.batch, D = c.spec.dim, N = c.spec.dstate, nc = c.nchunks();
-  std::vector<T> x;
-  x.reserve(static_cast<size_t>(Bt * D * nc * 2 * N));
-  for (int64_t b = 0; b < Bt; ++b)
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t k = 0; k < nc; ++k)
-        for (int64_t n = 0; n < N; ++n) {
-          const size_t i = static_cast<size_t>(((b * D + d) * nc + k) * N + n);
-          x.push_back(P[i]);
-          x.push_back(H[i]);
-        }
-  return x;
+// The sizes ref_x_values / ref_x_cond need.
+RefProblem sizes_of(const Case& c) {
+  RefProblem p;
+  p.Bt = c.spec.batch, p.D = c.spec.dim, p.L = c.spec.seqlen, p.N = c.spec.dstate, p.cplx = c.spec.complex;
+  return p;
 }
 }  // namespace
 
 std::vector<double> ref_x_values(const RefFwd& f, const Case& c) {
-  return flatten(x_layout(c, f.xP, f.xH), c.spec.complex);
+  return selscan_support::ref_x_values(f, sizes_of(c));
 }
 
 std::vector<double> ref_x_cond(const RefFwd& f, const Case& c) {
-  return flatten_cond(x_layout(c, f.cond_xP, f.cond_xH), c.spec.complex);
+  return selscan_support::ref_x_cond(f, sizes_of(c));
 }
 
 }  // namespace selscan_test

@@ -1,4 +1,4 @@
-// A test case: a random problem (sizes, flags, dtypes, layouts) with all its host tensors, argument structs
+// A test case: a random problem (a CaseSpec: sizes, flags, dtypes, layouts) with all its host tensors, argument structs
 // for selscan_fwd/selscan_bwd over them, and the float64 oracle's view of the inputs. Device-agnostic: the
 // argument builders take a pointer map, so a GPU test copies each Tensor's storage to the device, passes the
 // device pointers, and copies the outputs back into the same Tensors before comparing.
@@ -9,35 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "reference.h"
 #include "selscan/selscan.h"
 #include "tensor.h"
 
 namespace selscan_test {
-
-enum class Strides {
-  contiguous,
-  mamba_inner,  // as mamba_inner_fn passes them: delta/out/dout/du/ddelta (L, Bt*L, 1); z/dz/out_z batch 2*D*L
-  padded,       // every tensor padded between dims, weights transposed, (Bt, D, N) states channel-fastest
-};
-
-struct CaseSpec {
-  int64_t batch = 2, dim = 4, seqlen = 64, dstate = 8, groups = 1;
-  int32_t itype = SELSCAN_DTYPE_FLOAT32;
-  bool complex = false;
-  bool var_B = true, var_C = true;
-  bool has_D = true, has_z = true, has_delta_bias = true, softplus = true, has_h0 = false;
-  bool with_x = true, with_last_state = true;  // optional forward outputs requested
-  bool with_dh0 = true;                        // request dh0 when h0 is given
-  bool recompute_out_z = false;                // request out_z from the backward (needs z)
-  bool bc_3d = false;                          // variable B/C as (Bt, N, L) (groups must be 1)
-  Strides strides = Strides::contiguous;
-  bool slow_decay = false;  // A close to 0 so that states carry far (across chunks)
-  double delta_lo = 0.0, delta_hi = 0.5;  // delta ~ uniform[lo, hi) (upstream: 0.5 * rand)
-  uint64_t seed = 1;
-
-  std::string str() const;  // one-line summary for messages
-};
 
 struct Case {
   CaseSpec spec;

@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "half.h"
 #include "selscan/selscan.h"
+#include "support/dtype.h"
 
 namespace selscan_test {
+
+using namespace selscan_support;
 
 struct Tol {
   double rtol, atol;
@@ -156,12 +158,7 @@ inline Caught expect_one_percent_error_caught(const std::string& what, const std
 // Rounds reference values to an itype as the compared output is (upstream compares u.grad.to(itype)).
 inline std::vector<double> round_to(const std::vector<double>& v, int32_t itype) {
   std::vector<double> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float f = static_cast<float>(v[i]);
-    if (itype == SELSCAN_DTYPE_FLOAT16) r[i] = f16_to_float(float_to_f16(f));
-    else if (itype == SELSCAN_DTYPE_BFLOAT16) r[i] = bf16_to_float(float_to_bf16(f));
-    else r[i] = f;
-  }
+  for (size_t i = 0; i < v.size(); ++i) r[i] = round_to_dtype(itype, v[i]);
   return r;
 }
 

@@ -11,7 +11,7 @@
 
 #include "case.h"
 #include "compare.h"
-#include "reference.h"
+#include "support/reference.h"
 
 namespace selscan_test {
 

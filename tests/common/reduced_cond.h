@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "case.h"
-#include "reference.h"
+#include "support/reference.h"
 
 namespace selscan_test {
 

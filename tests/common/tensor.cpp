@@ -5,34 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "half.h"
-
 namespace selscan_test {
-
-int64_t dtype_size(int32_t dtype) {
-  switch (dtype) {
-    case SELSCAN_DTYPE_FLOAT16:
-    case SELSCAN_DTYPE_BFLOAT16: return 2;
-    case SELSCAN_DTYPE_COMPLEX64: return 8;
-    default: return 4;
-  }
-}
-
-const char* dtype_str(int32_t dtype) {
-  switch (dtype) {
-    case SELSCAN_DTYPE_FLOAT32: return "fp32";
-    case SELSCAN_DTYPE_FLOAT16: return "fp16";
-    case SELSCAN_DTYPE_BFLOAT16: return "bf16";
-    case SELSCAN_DTYPE_COMPLEX64: return "c64";
-    default: return "?";
-  }
-}
-
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> s(sizes.size(), 1);
-  for (int i = static_cast<int>(sizes.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * sizes[i + 1];
-  return s;
-}
 
 int64_t Tensor::numel() const {
   int64_t n = 1;
@@ -61,27 +34,6 @@ selscan_tensor_t Tensor::desc(void* base) const {
   t.data = (present() && base != nullptr) ? static_cast<unsigned char*>(base) + offset * esize() : nullptr;
   return t;
 }
-
-namespace {
-double load_real(int32_t dtype, const unsigned char* p) {
-  uint16_t h;
-  float f;
-  switch (dtype) {
-    case SELSCAN_DTYPE_FLOAT16: std::memcpy(&h, p, 2); return f16_to_float(h);
-    case SELSCAN_DTYPE_BFLOAT16: std::memcpy(&h, p, 2); return bf16_to_float(h);
-    default: std::memcpy(&f, p, 4); return f;
-  }
-}
-void store_real(int32_t dtype, unsigned char* p, double v) {
-  const float f = static_cast<float>(v);
-  uint16_t h;
-  switch (dtype) {
-    case SELSCAN_DTYPE_FLOAT16: h = float_to_f16(f); std::memcpy(p, &h, 2); break;
-    case SELSCAN_DTYPE_BFLOAT16: h = float_to_bf16(f); std::memcpy(p, &h, 2); break;
-    default: std::memcpy(p, &f, 4);
-  }
-}
-}  // namespace
 
 double Tensor::get(const std::vector<int64_t>& idx) const {
   const unsigned char* p = storage.data() + (offset + index(idx)) * esize();

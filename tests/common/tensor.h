@@ -10,14 +10,16 @@
 #include <vector>
 
 #include "selscan/selscan.h"
+#include "support/abi.h"
+#include "support/dtype.h"
+#include "support/reference.h"
+#include "support/rng.h"
+#include "support/spec.h"
 
 namespace selscan_test {
 
-using cd = std::complex<double>;
-
-// Bytes of one element of `dtype` (complex64: 8).
-int64_t dtype_size(int32_t dtype);
-const char* dtype_str(int32_t dtype);
+// The tests speak the support library's vocabulary (CaseSpec, the float64 reference, the dtype conversions).
+using namespace selscan_support;
 
 constexpr unsigned char kPoison = 0xFF;  // NaN in every float format we use
 constexpr unsigned char kGuard = 0xA5;   // bytes outside the elements of an input / around an output
@@ -75,7 +77,5 @@ struct Layout {
 // A tensor of the given shape, every byte set to `fill` (kGuard for inputs before they are written).
 Tensor make_tensor(int32_t dtype, const std::vector<int64_t>& sizes, const Layout& layout = {},
                    unsigned char fill = kGuard);
-// C-order strides for sizes.
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
 
 }  // namespace selscan_test

@@ -247,7 +247,7 @@ TEST(CpuConditioningExplosive, AllCasesWithinRule) {
     }
     std::printf("[ loosened ] L=%lld %s %s %s: %lld of %lld compared elements (up to %.3gx):%s; a 1%% error caught "
                 "at %lld (upstream's tolerance alone %lld); CPU error/limit %.3g\n",
-                static_cast<long long>(e.spec.seqlen), dtype_str(e.spec.itype), e.spec.complex ? "complex" : "real",
+                static_cast<long long>(e.spec.seqlen), dtype_name(e.spec.itype), e.spec.complex ? "complex" : "real",
                 e.spec.var_B ? "varBC" : "constBC", static_cast<long long>(loosened),
                 static_cast<long long>(compared), max_raise, raised.c_str(), static_cast<long long>(caught),
                 static_cast<long long>(caught_upstream), worst);

@@ -1,5 +1,5 @@
-// Units of the CPU path: the library's 16-bit conversions vs the tests' independent ones, the accuracy of
-// the kernels' exp2 and softplus (portable and AVX2 builds), and the .npy reader.
+// Units of the CPU path: the library's 16-bit conversions vs the independent ones of support/dtype.h, the
+// accuracy of the kernels' exp2 and softplus (portable and AVX2 builds), and the .npy reader.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,13 +12,14 @@
 
 #include "cpu/common.h"
 #include "cpu/kernels.h"
-#include "half.h"
+#include "support/dtype.h"
 #include "npy.h"
 
 namespace selscan_test {
 namespace {
 
 namespace cpu = selscan::cpu;
+using namespace selscan_support;
 
 uint32_t bits(float f) {
   uint32_t u;

@@ -1,8 +1,6 @@
-// GPU backward (selscan_bwd on SELSCAN_DEVICE_CUDA) against an independent float64 recurrence written here (the
+// GPU backward (selscan_bwd on SELSCAN_DEVICE_CUDA) against the float64 reference (support/reference.h; the
 // library's CPU path is checked against it on the same inputs) and upstream's golden vectors. Every output is
 // poisoned (NaN bytes) before each run.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,65 +10,25 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "golden.h"
 #include "gpu_gate.h"
 #include "selscan/selscan.h"
+#include "support/dtype.h"
+#include "support/reference.h"
 
+namespace selscan_test {
 namespace {
 
-using cd = std::complex<double>;
 
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// ---------------------------------------------------------------------------------------------- dtype bytes
-int64_t esize(int32_t dt) {
-  switch (dt) {
-    case SELSCAN_DTYPE_FLOAT16:
-    case SELSCAN_DTYPE_BFLOAT16: return 2;
-    case SELSCAN_DTYPE_COMPLEX64: return 8;
-    default: return 4;
-  }
-}
 int cw_of(int32_t dt) { return dt == SELSCAN_DTYPE_COMPLEX64 ? 2 : 1; }
-
+int64_t esize(int32_t dt) { return dtype_size(dt); }
 // Round a float to the itype and back (inputs are generated exactly representable).
-float round_to(int32_t dt, float v) {
-  if (dt == SELSCAN_DTYPE_FLOAT16) return __half2float(__float2half_rn(v));
-  if (dt == SELSCAN_DTYPE_BFLOAT16) return __bfloat162float(__float2bfloat16_rn(v));
-  return v;
-}
-void encode(int32_t dt, float v, uint8_t* dst) {
-  if (dt == SELSCAN_DTYPE_FLOAT16) {
-    const __half h = __float2half_rn(v);
-    std::memcpy(dst, &h, 2);
-  } else if (dt == SELSCAN_DTYPE_BFLOAT16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    std::memcpy(dst, &h, 2);
-  } else {
-    std::memcpy(dst, &v, 4);
-  }
-}
-float decode(int32_t dt, const uint8_t* src) {
-  if (dt == SELSCAN_DTYPE_FLOAT16) {
-    __half h;
-    std::memcpy(&h, src, 2);
-    return __half2float(h);
-  }
-  if (dt == SELSCAN_DTYPE_BFLOAT16) {
-    __nv_bfloat16 h;
-    std::memcpy(&h, src, 2);
-    return __bfloat162float(h);
-  }
-  float f;
-  std::memcpy(&f, src, 4);
-  return f;
-}
+float round_to(int32_t dt, float v) { return static_cast<float>(round_to_dtype(dt, v)); }
 
 // ---------------------------------------------------------------------------------------------- tensors
 // A strided tensor with a device allocation and a host mirror of the same bytes (the CPU path runs on the
@@ -144,7 +102,7 @@ void upload(Tensor& t, const std::vector<float>& v) {
     if (cw == 2) {
       std::memcpy(dst, &v[2 * i], 8);
     } else {
-      encode(t.dtype, v[i], dst);
+      store_real(t.dtype, dst, v[i]);
     }
   }
   if (t.dev) ASSERT_EQ(cudaMemcpy(t.dev, t.host.data(), t.bytes, cudaMemcpyHostToDevice), cudaSuccess);
@@ -161,7 +119,7 @@ std::vector<float> read_values(const Tensor& t, const std::vector<uint8_t>& raw)
   for (int64_t i = 0; i < t.count(); ++i) {
     const uint8_t* src = raw.data() + t.where(i);
     if (cw == 2) std::memcpy(&v[2 * i], src, 8);
-    else v[i] = decode(t.dtype, src);
+    else v[i] = static_cast<float>(load_real(t.dtype, src));
   }
   return v;
 }
@@ -172,21 +130,12 @@ std::vector<uint8_t> device_bytes(const Tensor& t) {
 }
 
 // ---------------------------------------------------------------------------------------------- problem
-struct Cfg {
-  int64_t Bt = 2, D = 4, L = 64, N = 8, G = 1;
-  int32_t itype = SELSCAN_DTYPE_FLOAT32;
-  bool cplx = false;
-  bool varB = true, varC = true, hasD = true, hasZ = true, bias = true, softplus = true;
-  bool h0 = false, outz = true, det = false;
-  int layout = 0;  // 0 contiguous; 1 unusual strides (d-major inputs, padded outputs/rows); 2 misaligned bases
-  uint32_t seed = 1;
-  std::string str() const {
-    std::ostringstream o;
-    o << "Bt=" << Bt << " D=" << D << " L=" << L << " N=" << N << " G=" << G << " itype=" << itype
-      << " cplx=" << cplx << " varB=" << varB << " varC=" << varC << " D?=" << hasD << " z?=" << hasZ
-      << " bias?=" << bias << " softplus=" << softplus << " h0=" << h0 << " det=" << det << " layout=" << layout;
-    return o.str();
-  }
+// A case (support/spec.h) and its layout: 0 contiguous; 1 unusual strides (d-major inputs, padded outputs/rows);
+// 2 misaligned bases. out_z is recomputed by the backward unless asked otherwise.
+struct Cfg : CaseSpec {
+  int layout = 0;
+  Cfg() { recompute_out_z = true; }
+  std::string str() const { return CaseSpec::str() + " layout=" + std::to_string(layout); }
 };
 
 // Inputs and the forward's saved tensors in logical order (floats exactly representable in their dtype).
@@ -200,147 +149,58 @@ struct Ref {  // float64 gradients, logical order (complex as pairs)
 
 int64_t nchunks(int64_t L) { return (L + 2047) / 2048; }
 
-// The forward (for `out` and `x`) and the backward, sequentially in float64 (docs/numerics.md).
+// The forward's saved tensors (out rounded to the itype, x) and every gradient, from the float64 reference
+// (support/reference.h) on the stored inputs. dz and out_z come from the rounded out, as the library computes
+// them from the out it is given.
 void reference(const Cfg& c, Host& h, Ref& r) {
-  const int64_t Bt = c.Bt, D = c.D, L = c.L, N = c.N, G = c.G, nc = nchunks(L), cpg = D / G;
-  const int cw = c.cplx ? 2 : 1;
-  const double two = c.cplx ? 2.0 : 1.0;
-  const bool fold = !c.varB && !c.h0;
-  auto W = [&](const std::vector<float>& v, int64_t i) {
-    return c.cplx ? cd(v[2 * i], v[2 * i + 1]) : cd(v[i], 0.0);
+  RefProblem p;
+  p.Bt = c.batch, p.D = c.dim, p.L = c.seqlen, p.N = c.dstate, p.G = (c.var_B || c.var_C) ? c.groups : 1;
+  p.cplx = c.complex, p.var_B = c.var_B, p.var_C = c.var_C, p.softplus = c.softplus;
+  p.has_D = c.has_D, p.has_z = c.has_z, p.has_bias = c.has_delta_bias, p.has_h0 = c.has_h0;
+  auto reals = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  auto weights = [&](const std::vector<float>& v) {  // complex values as (re, im) pairs
+    std::vector<cd> w(v.size() / (c.complex ? 2 : 1));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = c.complex ? cd(v[2 * i], v[2 * i + 1]) : cd(v[i], 0.0);
+    return w;
   };
-  auto addW = [&](std::vector<double>& v, int64_t i, cd x) {
-    if (c.cplx) {
-      v[2 * i] += x.real();
-      v[2 * i + 1] += x.imag();
-    } else {
-      v[i] += x.real();
-    }
-  };
-  h.out.assign(Bt * D * L, 0.f);
-  h.x.assign(Bt * D * nc * 2 * N * cw, 0.f);
-  r.du.assign(Bt * D * L, 0);
-  r.ddelta.assign(Bt * D * L, 0);
-  r.dz.assign(c.hasZ ? Bt * D * L : 0, 0);
-  r.outz.assign(c.hasZ ? Bt * D * L : 0, 0);
-  r.dA.assign(D * N * cw, 0);
-  r.dB.assign(c.varB ? Bt * G * N * L * cw : D * N * cw, 0);
-  r.dC.assign(c.varC ? Bt * G * N * L * cw : D * N * cw, 0);
-  r.dD.assign(D, 0);
-  r.dbias.assign(D, 0);
-  r.dh0.assign(c.h0 ? Bt * D * N * cw : 0, 0);
-  std::vector<double> dl(L), raw(L), y(L), dout(L);
-  std::vector<cd> s(L), ab(L);
-  for (int64_t b = 0; b < Bt; ++b)
-    for (int64_t d = 0; d < D; ++d) {
-      const int64_t g = d / cpg, row = (b * D + d) * L;
-      const double bias = c.bias ? h.bias[d] : 0.0, Dd = c.hasD ? h.Dv[d] : 0.0;
-      for (int64_t t = 0; t < L; ++t) {
-        raw[t] = h.delta[row + t] + bias;
-        dl[t] = (c.softplus && raw[t] <= 20.0) ? std::log1p(std::exp(raw[t])) : raw[t];
-        y[t] = Dd * h.u[row + t];
-      }
-      auto Bfac = [&](int64_t n, int64_t t) {  // the B factor inside b̄
-        if (c.varB) return W(h.B, ((b * G + g) * N + n) * L + t);
-        return fold ? cd(1.0) : W(h.B, d * N + n);
-      };
-      auto coef = [&](int64_t n, int64_t t) {
-        const cd cc = c.varC ? W(h.C, ((b * G + g) * N + n) * L + t) : W(h.C, d * N + n);
-        return fold ? cc * W(h.B, d * N + n) : cc;
-      };
-      auto scan = [&](int64_t n) {  // s and ā of state n
-        const cd A = W(h.A, d * N + n);
-        cd st = c.h0 ? W(h.h0, (b * D + d) * N + n) : cd(0.0);
-        for (int64_t t = 0; t < L; ++t) {
-          ab[t] = std::exp(dl[t] * A);
-          st = ab[t] * st + Bfac(n, t) * (dl[t] * h.u[row + t]);
-          s[t] = st;
-        }
-      };
-      // forward
-      for (int64_t n = 0; n < N; ++n) {
-        scan(n);
-        cd P = 1.0;
-        for (int64_t t = 0; t < L; ++t) {
-          P *= ab[t];
-          y[t] += two * (s[t] * coef(n, t)).real();
-          if (t % 2048 == 2047 || t == L - 1) {
-            const int64_t xi = (((b * D + d) * nc + t / 2048) * 2 * N + 2 * n) * cw;
-            h.x[xi] = static_cast<float>(P.real());
-            h.x[xi + cw] = static_cast<float>(c.cplx ? s[t].real() : s[t].real());
-            if (c.cplx) {
-              h.x[xi + 1] = static_cast<float>(P.imag());
-              h.x[xi + 3] = static_cast<float>(s[t].imag());
-            }
-          }
-        }
-      }
-      for (int64_t t = 0; t < L; ++t) h.out[row + t] = round_to(c.itype, static_cast<float>(y[t]));
-      // backward
-      for (int64_t t = 0; t < L; ++t) {
-        double g0 = h.dout[row + t];
-        if (c.hasZ) {
-          const double zt = h.z[row + t], o = h.out[row + t], sg = 1.0 / (1.0 + std::exp(-zt));
-          r.dz[row + t] = g0 * o * sg * (1.0 + zt * (1.0 - sg));
-          r.outz[row + t] = o * zt * sg;
-          g0 *= zt * sg;
-        }
-        dout[t] = g0;
-        r.du[row + t] = Dd * g0;
-        r.dD[d] += g0 * h.u[row + t];
-      }
-      for (int64_t n = 0; n < N; ++n) {
-        scan(n);
-        const cd A = W(h.A, d * N + n);
-        cd gcar = 0.0;
-        for (int64_t t = L - 1; t >= 0; --t) {
-          const double g2 = two * dout[t];
-          const cd dh = g2 * std::conj(coef(n, t)) + gcar;
-          const cd sprev = t > 0 ? s[t - 1] : (c.h0 ? W(h.h0, (b * D + d) * N + n) : cd(0.0));
-          const cd at = ab[t] * sprev;
-          const cd Bk = Bfac(n, t);
-          const double gu = (dh * std::conj(Bk)).real();
-          const double uu = h.u[row + t];
-          r.du[row + t] += gu * dl[t];
-          r.ddelta[row + t] += gu * uu + (dh * std::conj(A * at)).real();
-          addW(r.dA, d * N + n, dl[t] * dh * std::conj(at));
-          const int64_t vi = ((b * G + g) * N + n) * L + t;
-          if (c.varB) addW(r.dB, vi, dh * (dl[t] * uu));
-          else if (!fold) addW(r.dB, d * N + n, dh * (dl[t] * uu));
-          const cd cv = c.varC ? W(h.C, vi) : W(h.C, d * N + n);
-          if (fold) {
-            addW(r.dB, d * N + n, g2 * std::conj(s[t] * cv));
-            if (c.varC) addW(r.dC, vi, g2 * std::conj(s[t] * W(h.B, d * N + n)));
-            else addW(r.dC, d * N + n, g2 * std::conj(s[t] * W(h.B, d * N + n)));
-          } else {
-            if (c.varC) addW(r.dC, vi, g2 * std::conj(s[t]));
-            else addW(r.dC, d * N + n, g2 * std::conj(s[t]));
-          }
-          gcar = std::conj(ab[t]) * dh;
-        }
-        if (c.h0) {
-          const int64_t i = (b * D + d) * N + n;
-          if (c.cplx) {
-            r.dh0[2 * i] = gcar.real();
-            r.dh0[2 * i + 1] = gcar.imag();
-          } else {
-            r.dh0[i] = gcar.real();
-          }
-        }
-      }
-      for (int64_t t = 0; t < L; ++t) {
-        if (c.softplus && raw[t] <= 20.0) r.ddelta[row + t] *= 1.0 / (1.0 + std::exp(-raw[t]));
-        r.dbias[d] += r.ddelta[row + t];
-      }
-    }
+  p.u = reals(h.u);
+  p.delta = reals(h.delta);
+  if (c.has_z) p.z = reals(h.z);
+  p.A = weights(h.A);
+  p.B = weights(h.B);
+  p.C = weights(h.C);
+  if (c.has_D) p.Dv = reals(h.Dv);
+  if (c.has_delta_bias) p.bias = reals(h.bias);
+  if (c.has_h0) p.h0 = weights(h.h0);
+  const RefFwd f = ref_forward(p);
+  const RefBwd g = ref_backward(p, reals(h.dout));
+  h.out.resize(f.y.size());
+  for (size_t i = 0; i < f.y.size(); ++i) h.out[i] = round_to(c.itype, static_cast<float>(f.y[i]));
+  const std::vector<double> x = ref_x_values(f, p);
+  h.x.assign(x.begin(), x.end());
+  r.du = g.du;
+  r.ddelta = g.ddelta;
+  r.dA = flatten(g.dA, c.complex);
+  r.dB = flatten(g.dB, c.complex);
+  r.dC = flatten(g.dC, c.complex);
+  r.dD = g.dD;
+  r.dbias = g.dbias;
+  r.dh0 = c.has_h0 ? flatten(g.dh0, c.complex) : std::vector<double>();
+  r.dz.assign(c.has_z ? h.out.size() : 0, 0.0);
+  r.outz.assign(r.dz.size(), 0.0);
+  for (size_t i = 0; i < r.dz.size(); ++i) {
+    const double zt = h.z[i], o = h.out[i], sg = 1.0 / (1.0 + std::exp(-zt));
+    r.dz[i] = h.dout[i] * o * sg * (1.0 + zt * (1.0 - sg));
+    r.outz[i] = o * zt * sg;
+  }
 }
 
 void generate(const Cfg& c, Host& h) {
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> ud(0.f, 1.f);
-  const int cw = c.cplx ? 2 : 1;
-  const int64_t BDL = c.Bt * c.D * c.L;
+  const int cw = c.complex ? 2 : 1;
+  const int64_t BDL = c.batch * c.dim * c.seqlen;
   auto fill = [&](std::vector<float>& v, int64_t n, int32_t dt, auto gen) {
     v.resize(static_cast<size_t>(n));
     for (auto& e : v) e = round_to(dt, gen());
@@ -349,17 +209,17 @@ void generate(const Cfg& c, Host& h) {
   fill(h.u, BDL, it, [&] { return nd(rng); });
   fill(h.delta, BDL, it, [&] { return 0.5f * ud(rng); });
   fill(h.dout, BDL, it, [&] { return nd(rng); });
-  if (c.hasZ) fill(h.z, BDL, it, [&] { return nd(rng); });
-  h.A.resize(c.D * c.N * cw);
-  for (int64_t i = 0; i < c.D * c.N; ++i) {
+  if (c.has_z) fill(h.z, BDL, it, [&] { return nd(rng); });
+  h.A.resize(c.dim * c.dstate * cw);
+  for (int64_t i = 0; i < c.dim * c.dstate; ++i) {
     h.A[i * cw] = -0.5f * ud(rng);
-    if (c.cplx) h.A[i * cw + 1] = 2.f * ud(rng) - 1.f;
+    if (c.complex) h.A[i * cw + 1] = 2.f * ud(rng) - 1.f;
   }
-  fill(h.B, c.varB ? c.Bt * c.G * c.N * c.L * cw : c.D * c.N * cw, c.varB ? it : f32, [&] { return nd(rng); });
-  fill(h.C, c.varC ? c.Bt * c.G * c.N * c.L * cw : c.D * c.N * cw, c.varC ? it : f32, [&] { return nd(rng); });
-  if (c.hasD) fill(h.Dv, c.D, f32, [&] { return nd(rng); });
-  if (c.bias) fill(h.bias, c.D, f32, [&] { return 0.5f * ud(rng); });
-  if (c.h0) fill(h.h0, c.Bt * c.D * c.N * cw, f32, [&] { return nd(rng); });
+  fill(h.B, c.var_B ? c.batch * c.groups * c.dstate * c.seqlen * cw : c.dim * c.dstate * cw, c.var_B ? it : f32, [&] { return nd(rng); });
+  fill(h.C, c.var_C ? c.batch * c.groups * c.dstate * c.seqlen * cw : c.dim * c.dstate * cw, c.var_C ? it : f32, [&] { return nd(rng); });
+  if (c.has_D) fill(h.Dv, c.dim, f32, [&] { return nd(rng); });
+  if (c.has_delta_bias) fill(h.bias, c.dim, f32, [&] { return 0.5f * ud(rng); });
+  if (c.has_h0) fill(h.h0, c.batch * c.dim * c.dstate * cw, f32, [&] { return nd(rng); });
 }
 
 // ---------------------------------------------------------------------------------------------- one call
@@ -369,11 +229,11 @@ struct Call {
   Tensor du, ddelta, dA, dB, dC, dD, dz, dbias, dh0, outz;
   std::vector<Tensor*> outputs() {
     std::vector<Tensor*> o{&du, &ddelta, &dA, &dB, &dC};
-    if (c.hasD) o.push_back(&dD);
-    if (c.hasZ) o.push_back(&dz);
-    if (c.bias) o.push_back(&dbias);
-    if (c.h0) o.push_back(&dh0);
-    if (c.hasZ && c.outz) o.push_back(&outz);
+    if (c.has_D) o.push_back(&dD);
+    if (c.has_z) o.push_back(&dz);
+    if (c.has_delta_bias) o.push_back(&dbias);
+    if (c.has_h0) o.push_back(&dh0);
+    if (c.has_z && c.recompute_out_z) o.push_back(&outz);
     return o;
   }
 };
@@ -381,9 +241,9 @@ struct Call {
 // Builds the tensors of `c` in its layout and uploads the host values.
 void build(Call& k, const Host& h) {
   const Cfg& c = k.c;
-  const int64_t Bt = c.Bt, D = c.D, L = c.L, N = c.N, G = c.G, nc = nchunks(L);
-  const int32_t it = c.itype, wt = c.cplx ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
-  const int64_t Lbc = c.cplx ? 2 * L : L;
+  const int64_t Bt = c.batch, D = c.dim, L = c.seqlen, N = c.dstate, G = c.groups, nc = nchunks(L);
+  const int32_t it = c.itype, wt = c.complex ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
+  const int64_t Lbc = c.complex ? 2 * L : L;
   const bool odd = c.layout == 2;
   // (Bt, D, L): layout 1 gives inputs mamba_inner_fn's d-major strides and outputs a 2x batch stride.
   auto bdl_in = [&](Tensor& t, const std::vector<float>& v, bool misalign) {
@@ -398,7 +258,7 @@ void build(Call& k, const Host& h) {
   bdl_in(k.u, h.u, odd);
   bdl_in(k.delta, h.delta, false);
   bdl_in(k.dout, h.dout, odd);
-  if (c.hasZ) {
+  if (c.has_z) {
     bdl_in(k.z, h.z, false);
     bdl_in(k.out, h.out, odd);
   }
@@ -413,37 +273,37 @@ void build(Call& k, const Host& h) {
     if (v) upload(t, *v);
   };
   dn(k.A, &h.A);
-  if (c.varB) var(k.B, &h.B);
+  if (c.var_B) var(k.B, &h.B);
   else dn(k.B, &h.B);
-  if (c.varC) var(k.C, &h.C);
+  if (c.var_C) var(k.C, &h.C);
   else dn(k.C, &h.C);
   auto vecD = [&](Tensor& t, const std::vector<float>* v) {
     make_tensor(t, SELSCAN_DTYPE_FLOAT32, {D}, {c.layout == 1 ? 2 : 1});
     if (v) upload(t, *v);
   };
-  if (c.hasD) vecD(k.Dv, &h.Dv);
-  if (c.bias) vecD(k.bias, &h.bias);
+  if (c.has_D) vecD(k.Dv, &h.Dv);
+  if (c.has_delta_bias) vecD(k.bias, &h.bias);
   auto bdn = [&](Tensor& t, const std::vector<float>* v) {
     if (c.layout == 1) make_tensor(t, wt, {Bt, D, N}, {1, Bt, Bt * D});
     else make_tensor(t, wt, {Bt, D, N}, {});
     if (v) upload(t, *v);
   };
-  if (c.h0) bdn(k.h0, &h.h0);
+  if (c.has_h0) bdn(k.h0, &h.h0);
   make_tensor(k.x, wt, {Bt, D, nc, 2 * N}, {});
   upload(k.x, h.x);
   bdl_out(k.du, odd);
   bdl_out(k.ddelta, false);
   dn(k.dA, nullptr);
-  if (c.varB) var(k.dB, nullptr);
+  if (c.var_B) var(k.dB, nullptr);
   else dn(k.dB, nullptr);
-  if (c.varC) var(k.dC, nullptr);
+  if (c.var_C) var(k.dC, nullptr);
   else dn(k.dC, nullptr);
-  if (c.hasD) vecD(k.dD, nullptr);
-  if (c.bias) vecD(k.dbias, nullptr);
-  if (c.h0) bdn(k.dh0, nullptr);
-  if (c.hasZ) {
+  if (c.has_D) vecD(k.dD, nullptr);
+  if (c.has_delta_bias) vecD(k.dbias, nullptr);
+  if (c.has_h0) bdn(k.dh0, nullptr);
+  if (c.has_z) {
     bdl_out(k.dz, false);
-    if (c.outz) bdl_out(k.outz, false);
+    if (c.recompute_out_z) bdl_out(k.outz, false);
   }
 }
 
@@ -461,25 +321,25 @@ selscan_bwd_args_t args_of(Call& k, bool dev) {
   a.A = k.A.desc(dev);
   a.B = k.B.desc(dev);
   a.C = k.C.desc(dev);
-  a.D = opt(k.Dv, c.hasD);
-  a.z = opt(k.z, c.hasZ);
-  a.delta_bias = opt(k.bias, c.bias);
-  a.h0 = opt(k.h0, c.h0);
+  a.D = opt(k.Dv, c.has_D);
+  a.z = opt(k.z, c.has_z);
+  a.delta_bias = opt(k.bias, c.has_delta_bias);
+  a.h0 = opt(k.h0, c.has_h0);
   a.delta_softplus = c.softplus;
-  a.deterministic = c.det;
+  a.deterministic = c.deterministic;
   a.dout = k.dout.desc(dev);
   a.x = k.x.desc(dev);
-  a.out = opt(k.out, c.hasZ);
+  a.out = opt(k.out, c.has_z);
   a.du = k.du.desc(dev);
   a.ddelta = k.ddelta.desc(dev);
   a.dA = k.dA.desc(dev);
   a.dB = k.dB.desc(dev);
   a.dC = k.dC.desc(dev);
-  a.dD = opt(k.dD, c.hasD);
-  a.dz = opt(k.dz, c.hasZ);
-  a.ddelta_bias = opt(k.dbias, c.bias);
-  a.dh0 = opt(k.dh0, c.h0);
-  a.out_z = opt(k.outz, c.hasZ && c.outz);
+  a.dD = opt(k.dD, c.has_D);
+  a.dz = opt(k.dz, c.has_z);
+  a.ddelta_bias = opt(k.dbias, c.has_delta_bias);
+  a.dh0 = opt(k.dh0, c.has_h0);
+  a.out_z = opt(k.outz, c.has_z && c.recompute_out_z);
   return a;
 }
 
@@ -549,7 +409,7 @@ void check_all(Call& k, const Ref& r, double scale = 1.0, bool on_device = true)
   const Cfg& c = k.c;
   const Tol o = out_tol(c.itype);
   auto weight = [&](double rt, double at) {
-    return c.hasZ ? Tol{std::max(rt, o.rtol), std::max(at, o.atol)} : Tol{rt, at};
+    return c.has_z ? Tol{std::max(rt, o.rtol), std::max(at, o.atol)} : Tol{rt, at};
   };
   auto got = [&](Tensor& t) { return read_values(t, on_device ? device_bytes(t) : t.host); };
   const std::string tag = std::string(on_device ? " gpu" : " cpu") + " [" + c.str() + "]";
@@ -558,17 +418,17 @@ void check_all(Call& k, const Ref& r, double scale = 1.0, bool on_device = true)
   const Tol tA = weight(1e-3, 5e-3);
   expect_close("dA" + tag, got(k.dA), r.dA, tA.rtol * scale, tA.atol * scale);
   // Variable dB/dC sum D/G channels that cancel; upstream's test had at most 4 per group.
-  const double vs = std::max(1.0, std::sqrt(static_cast<double>(c.D / c.G) / 4.0));
-  const Tol tB = c.varB ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
+  const double vs = std::max(1.0, std::sqrt(static_cast<double>(c.dim / c.groups) / 4.0));
+  const Tol tB = c.var_B ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
   expect_close("dB" + tag, got(k.dB), r.dB, tB.rtol * scale, tB.atol * scale);
-  const Tol tC = c.varC ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
+  const Tol tC = c.var_C ? Tol{o.rtol * vs, o.atol * vs} : weight(1e-3, 1e-3);
   expect_close("dC" + tag, got(k.dC), r.dC, tC.rtol * scale, tC.atol * scale);
   const Tol tw = weight(1e-3, 1e-3);
-  if (c.hasD) expect_close("dD" + tag, got(k.dD), r.dD, tw.rtol * scale, tw.atol * scale);
-  if (c.bias) expect_close("ddelta_bias" + tag, got(k.dbias), r.dbias, tw.rtol * scale, tw.atol * scale);
-  if (c.hasZ) expect_close("dz" + tag, got(k.dz), r.dz, tw.rtol * scale, tw.atol * scale);
-  if (c.hasZ && c.outz) expect_close("out_z" + tag, got(k.outz), r.outz, o.rtol, o.atol);
-  if (c.h0) expect_close("dh0" + tag, got(k.dh0), r.dh0, tA.rtol * scale, tA.atol * scale);
+  if (c.has_D) expect_close("dD" + tag, got(k.dD), r.dD, tw.rtol * scale, tw.atol * scale);
+  if (c.has_delta_bias) expect_close("ddelta_bias" + tag, got(k.dbias), r.dbias, tw.rtol * scale, tw.atol * scale);
+  if (c.has_z) expect_close("dz" + tag, got(k.dz), r.dz, tw.rtol * scale, tw.atol * scale);
+  if (c.has_z && c.recompute_out_z) expect_close("out_z" + tag, got(k.outz), r.outz, o.rtol, o.atol);
+  if (c.has_h0) expect_close("dh0" + tag, got(k.dh0), r.dh0, tA.rtol * scale, tA.atol * scale);
 }
 
 // Sums over long sequences and many states grow the float32 rounding of the kernels (and of upstream's)
@@ -576,8 +436,8 @@ void check_all(Call& k, const Ref& r, double scale = 1.0, bool on_device = true)
 // Complex weights double the terms of every sum (2 Re) and add __sincosf's phase error (fast math, as
 // upstream); upstream never tested complex gradients, so they get four times the tolerance.
 double tol_scale(const Cfg& c) {
-  const double terms = static_cast<double>(c.L) * c.N / (4096.0 * 16.0);
-  return std::max(1.0, std::sqrt(terms)) * (c.cplx ? 4.0 : 1.0);
+  const double terms = static_cast<double>(c.seqlen) * c.dstate / (4096.0 * 16.0);
+  return std::max(1.0, std::sqrt(terms)) * (c.complex ? 4.0 : 1.0);
 }
 
 void run_case(const Cfg& c) {
@@ -609,16 +469,16 @@ TEST_F(BwdGpu, SmallFp32AllFlags) {
 
 TEST_F(BwdGpu, SmallFlagsOff) {
   Cfg c;
-  c.hasD = c.hasZ = c.bias = c.softplus = false;
-  c.L = 37;
+  c.has_D = c.has_z = c.has_delta_bias = c.softplus = false;
+  c.seqlen = 37;
   run_case(c);
 }
 
 TEST_F(BwdGpu, OddLengthsAndChunks) {
   for (int64_t L : {1, 31, 255, 257, 2047, 2048, 2049, 4500}) {
     Cfg c;
-    c.L = L;
-    c.D = 6;
+    c.seqlen = L;
+    c.dim = 6;
     c.seed = static_cast<uint32_t>(L);
     run_case(c);
   }
@@ -629,11 +489,11 @@ TEST_F(BwdGpu, ConstantAndVariableBC) {
     for (int vc = 0; vc < 2; ++vc)
       for (int h0 = 0; h0 < 2; ++h0) {
         Cfg c;
-        c.varB = vb;
-        c.varC = vc;
-        c.h0 = h0;
-        c.L = 2500;
-        c.D = 5;
+        c.var_B = vb;
+        c.var_C = vc;
+        c.has_h0 = h0;
+        c.seqlen = 2500;
+        c.dim = 5;
         c.seed = 100 + vb * 4 + vc * 2 + h0;
         run_case(c);
       }
@@ -642,9 +502,9 @@ TEST_F(BwdGpu, ConstantAndVariableBC) {
 TEST_F(BwdGpu, Groups) {
   for (int64_t G : {1, 2, 4}) {
     Cfg c;
-    c.G = G;
-    c.D = 24;  // 6 channels per group with G = 4: blocks with idle warps
-    c.L = 700;
+    c.groups = G;
+    c.dim = 24;  // 6 channels per group with G = 4: blocks with idle warps
+    c.seqlen = 700;
     c.seed = 7 + G;
     run_case(c);
   }
@@ -654,13 +514,13 @@ TEST_F(BwdGpu, Complex) {
   for (int vb = 0; vb < 2; ++vb)
     for (int vc = 0; vc < 2; ++vc) {
       Cfg c;
-      c.cplx = true;
-      c.varB = vb;
-      c.varC = vc;
-      c.h0 = vb == vc;
-      c.G = (vb && vc) ? 2 : 1;
-      c.D = 8;
-      c.L = 2300;
+      c.complex = true;
+      c.var_B = vb;
+      c.var_C = vc;
+      c.has_h0 = vb == vc;
+      c.groups = (vb && vc) ? 2 : 1;
+      c.dim = 8;
+      c.seqlen = 2300;
       c.seed = 200 + vb * 2 + vc;
       run_case(c);
     }
@@ -671,10 +531,10 @@ TEST_F(BwdGpu, HalfTypes) {
     for (int cp = 0; cp < 2; ++cp) {
       Cfg c;
       c.itype = it;
-      c.cplx = cp;
-      c.D = 8;
-      c.L = 2100;
-      c.G = 2;
+      c.complex = cp;
+      c.dim = 8;
+      c.seqlen = 2100;
+      c.groups = 2;
       c.seed = 300 + it * 2 + cp;
       run_case(c);
     }
@@ -683,14 +543,14 @@ TEST_F(BwdGpu, HalfTypes) {
 TEST_F(BwdGpu, Dstates) {
   for (int64_t N : {1, 16, 64, 256}) {
     Cfg c;
-    c.N = N;
-    c.D = 4;
-    c.Bt = 1;
-    c.L = N == 256 ? 300 : 1000;
+    c.dstate = N;
+    c.dim = 4;
+    c.batch = 1;
+    c.seqlen = N == 256 ? 300 : 1000;
     c.seed = 400 + static_cast<uint32_t>(N);
     run_case(c);
-    c.cplx = true;
-    c.varB = false;
+    c.complex = true;
+    c.var_B = false;
     run_case(c);
   }
 }
@@ -703,14 +563,14 @@ TEST_F(BwdGpu, ThreadStatesShapes) {
   const int64_t Ns[] = {3, 8, 13, 16};
   for (int i = 0; i < 4; ++i) {
     Cfg c;
-    c.N = Ns[i];
-    c.D = 70;
-    c.G = i == 1 ? 2 : 1;
-    c.Bt = 3;
-    c.L = i == 2 ? 4100 : 600 + 7 * i;
-    c.varB = i != 3;
-    c.varC = i != 0;
-    c.h0 = i == 3;
+    c.dstate = Ns[i];
+    c.dim = 70;
+    c.groups = i == 1 ? 2 : 1;
+    c.batch = 3;
+    c.seqlen = i == 2 ? 4100 : 600 + 7 * i;
+    c.var_B = i != 3;
+    c.var_C = i != 0;
+    c.has_h0 = i == 3;
     c.itype = i == 1 ? SELSCAN_DTYPE_BFLOAT16 : i == 2 ? SELSCAN_DTYPE_FLOAT16 : SELSCAN_DTYPE_FLOAT32;
     c.seed = 900 + static_cast<uint32_t>(i);
     run_case(c);
@@ -721,14 +581,14 @@ TEST_F(BwdGpu, UnusualStrides) {
   for (int vb = 0; vb < 2; ++vb) {
     Cfg c;
     c.layout = 1;
-    c.varB = vb;
-    c.h0 = true;
-    c.D = 6;
-    c.L = 300;
+    c.var_B = vb;
+    c.has_h0 = true;
+    c.dim = 6;
+    c.seqlen = 300;
     c.seed = 500 + vb;
     run_case(c);
     c.itype = SELSCAN_DTYPE_BFLOAT16;
-    c.cplx = true;
+    c.complex = true;
     run_case(c);
   }
 }
@@ -738,8 +598,8 @@ TEST_F(BwdGpu, MisalignedPointers) {
     Cfg c;
     c.layout = 2;
     c.itype = it;
-    c.D = 6;
-    c.L = 600;
+    c.dim = 6;
+    c.seqlen = 600;
     c.seed = 600 + it;
     run_case(c);
   }
@@ -747,13 +607,13 @@ TEST_F(BwdGpu, MisalignedPointers) {
 
 TEST_F(BwdGpu, DimBeyondGridLimit) {
   Cfg c;
-  c.Bt = 1;
-  c.D = 70000;
-  c.L = 9;
-  c.N = 2;
-  c.varB = false;
-  c.varC = false;
-  c.hasZ = false;
+  c.batch = 1;
+  c.dim = 70000;
+  c.seqlen = 9;
+  c.dstate = 2;
+  c.var_B = false;
+  c.var_C = false;
+  c.has_z = false;
   run_case(c);
 }
 
@@ -761,12 +621,12 @@ TEST_F(BwdGpu, DimBeyondGridLimit) {
 TEST_F(BwdGpu, DeterministicIsBitwiseReproducible) {
   for (int cp = 0; cp < 2; ++cp) {
     Cfg c;
-    c.det = true;
-    c.cplx = cp;
-    c.Bt = 2;
-    c.D = 64;
-    c.G = 2;
-    c.L = 2600;
+    c.deterministic = true;
+    c.complex = cp;
+    c.batch = 2;
+    c.dim = 64;
+    c.groups = 2;
+    c.seqlen = 2600;
     c.seed = 700 + cp;
     SCOPED_TRACE(c.str());
     Host h;
@@ -789,86 +649,25 @@ TEST_F(BwdGpu, DeterministicIsBitwiseReproducible) {
 }
 
 // ---------------------------------------------------------------------------------------------- golden
-// Minimal .npy reader (format 1.0/2.0, little-endian float32 or complex64, C order).
-bool read_npy(const std::string& path, std::vector<float>* v, std::vector<int64_t>* shape) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  char magic[8];
-  f.read(magic, 8);
-  if (std::memcmp(magic, "\x93NUMPY", 6) != 0) return false;
-  uint32_t hlen = 0;
-  if (magic[6] == 1) {
-    uint16_t h16 = 0;
-    f.read(reinterpret_cast<char*>(&h16), 2);
-    hlen = h16;
-  } else {
-    f.read(reinterpret_cast<char*>(&hlen), 4);
-  }
-  std::string hdr(hlen, ' ');
-  f.read(hdr.data(), hlen);
-  const bool cplx = hdr.find("<c8") != std::string::npos;
-  if (!cplx && hdr.find("<f4") == std::string::npos) return false;
-  if (hdr.find("'fortran_order': True") != std::string::npos) return false;
-  shape->clear();
-  const size_t a = hdr.find('(', hdr.find("shape")), b = hdr.find(')', a);
-  std::stringstream ss(hdr.substr(a + 1, b - a - 1));
-  std::string tok;
-  int64_t count = 1;
-  while (std::getline(ss, tok, ','))
-    if (tok.find_first_of("0123456789") != std::string::npos) {
-      shape->push_back(std::stoll(tok));
-      count *= shape->back();
-    }
-  v->resize(static_cast<size_t>(count * (cplx ? 2 : 1)));
-  f.read(reinterpret_cast<char*>(v->data()), static_cast<std::streamsize>(v->size() * 4));
-  return static_cast<bool>(f);
-}
-
-std::string json_value(const std::string& js, const std::string& key) {
-  const size_t k = js.find("\"" + key + "\"");
-  if (k == std::string::npos) return "";
-  size_t p = js.find(':', k) + 1;
-  while (js[p] == ' ') ++p;
-  size_t e = p;
-  while (e < js.size() && js[e] != ',' && js[e] != '\n' && js[e] != '}') ++e;
-  std::string v = js.substr(p, e - p);
-  v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
-  return v;
-}
-
-std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
 class BwdGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BwdGolden, MatchesUpstream) {
   REQUIRE_GPU();
-  const char* env = std::getenv("SELSCAN_GOLDEN_DIR");  // overrides the configured path (a copied tree)
-  const std::string dir = std::string(env && *env ? env : SELSCAN_GOLDEN_DIR) + "/" + GetParam();
-  std::ifstream jf(dir + "/case.json");
-  if (!jf) GTEST_SKIP() << "golden case not found: " << dir;
-  const std::string js((std::istreambuf_iterator<char>(jf)), std::istreambuf_iterator<char>());
+  if (!std::filesystem::exists(golden_dir() + "/" + GetParam() + "/case.json"))
+    GTEST_SKIP() << "golden case not found: " << golden_dir() << "/" << GetParam();
+  GoldenCase gc;
+  const std::string err = load_golden(GetParam(), &gc);
+  ASSERT_TRUE(err.empty()) << err;
   Cfg c;
-  c.Bt = std::stoll(json_value(js, "batch"));
-  c.D = std::stoll(json_value(js, "dim"));
-  c.L = std::stoll(json_value(js, "seqlen"));
-  c.N = std::stoll(json_value(js, "dstate"));
-  const std::string groups = json_value(js, "groups");  // null when B and C are both constant
-  c.G = groups.find_first_of("0123456789") == std::string::npos ? 1 : std::stoll(groups);
-  const std::string it = json_value(js, "itype");
-  c.itype = it == "bf16" ? SELSCAN_DTYPE_BFLOAT16 : it == "fp16" ? SELSCAN_DTYPE_FLOAT16 : SELSCAN_DTYPE_FLOAT32;
-  c.cplx = json_value(js, "wtype") == "complex64";
-  c.varB = json_value(js, "variable_B") == "true";
-  c.varC = json_value(js, "variable_C") == "true";
-  c.hasD = json_value(js, "has_D") == "true";
-  c.hasZ = json_value(js, "has_z") == "true";
-  c.bias = json_value(js, "has_delta_bias") == "true";
-  c.softplus = json_value(js, "delta_softplus") == "true";
-  if (!c.varB && !c.varC) c.G = 1;
+  static_cast<CaseSpec&>(c) = gc.spec;
+  c.recompute_out_z = true;
+  if (!c.var_B && !c.var_C) c.groups = 1;
   SCOPED_TRACE(c.str());
   Host h;
-  std::vector<int64_t> shp;
   auto rd = [&](const char* name, std::vector<float>& v) {
-    ASSERT_TRUE(read_npy(dir + "/" + name + ".npy", &v, &shp)) << name;
+    const auto it = gc.files.find(name);
+    ASSERT_TRUE(it != gc.files.end()) << name;
+    v = it->second.data;
   };
   rd("u", h.u);
   rd("delta", h.delta);
@@ -876,9 +675,9 @@ TEST_P(BwdGolden, MatchesUpstream) {
   rd("A", h.A);
   rd("B", h.B);
   rd("C", h.C);
-  if (c.hasZ) rd("z", h.z);
-  if (c.hasD) rd("D", h.Dv);
-  if (c.bias) rd("delta_bias", h.bias);
+  if (c.has_z) rd("z", h.z);
+  if (c.has_D) rd("D", h.Dv);
+  if (c.has_delta_bias) rd("delta_bias", h.bias);
   // The backward's saved inputs (pre-gate out, chunk states x) come from the float64 forward.
   Ref mine;
   reference(c, h, mine);
@@ -888,28 +687,15 @@ TEST_P(BwdGolden, MatchesUpstream) {
   if (::testing::Test::HasFatalFailure()) return;
   ASSERT_TRUE(run_gpu(k));
   Ref g;
-  std::vector<float> v;
-  rd("du", v);
-  g.du = as_double(v);
-  rd("ddelta", v);
-  g.ddelta = as_double(v);
-  rd("dA", v);
-  g.dA = as_double(v);
-  rd("dB", v);
-  g.dB = as_double(v);
-  rd("dC", v);
-  g.dC = as_double(v);
-  if (c.hasD) {
-    rd("dD", v);
-    g.dD = as_double(v);
-  }
-  if (c.bias) {
-    rd("ddelta_bias", v);
-    g.dbias = as_double(v);
-  }
-  if (c.hasZ) {
-    rd("dz", v);
-    g.dz = as_double(v);
+  g.du = golden_values(gc, "du");
+  g.ddelta = golden_values(gc, "ddelta");
+  g.dA = golden_values(gc, "dA");
+  g.dB = golden_values(gc, "dB");
+  g.dC = golden_values(gc, "dC");
+  if (c.has_D) g.dD = golden_values(gc, "dD");
+  if (c.has_delta_bias) g.dbias = golden_values(gc, "ddelta_bias");
+  if (c.has_z) {
+    g.dz = golden_values(gc, "dz");
     g.outz = mine.outz;
   }
   check_all(k, g);
@@ -920,56 +706,5 @@ INSTANTIATE_TEST_SUITE_P(Upstream, BwdGolden,
                                            "s05_fp32_constBC", "s06_bf16_long_2chunks", "s07_fp32_dstate64",
                                            "s08_fp32_complex"));
 
-// ---------------------------------------------------------------------------------------------- timing
-// Issue #4's backward row: Bt=8, D=1536, L=2048, N=16, bf16, variable B/C, D, z, delta_bias, softplus.
-// Run with --gtest_also_run_disabled_tests; prints the median of CUDA-event timings (no correctness check).
-TEST(BwdGpuTiming, DISABLED_Issue4Row) {
-  REQUIRE_GPU();
-  for (int det = 0; det < 2; ++det) {
-    Cfg c;
-    c.Bt = 8;
-    c.D = 1536;
-    c.L = 2048;
-    c.N = 16;
-    c.itype = SELSCAN_DTYPE_BFLOAT16;
-    c.det = det;
-    Host h;
-    generate(c, h);
-    h.out = h.u;  // any values: timing only
-    h.x.assign(c.Bt * c.D * 2 * c.N, 0.f);
-    Call k;
-    k.c = c;
-    build(k, h);
-    selscan_bwd_args_t a = args_of(k, true);
-    selscan_exec_t e = SELSCAN_EXEC_INIT;
-    e.device_kind = SELSCAN_DEVICE_CUDA;
-    size_t ws_bytes = 0;
-    ASSERT_EQ(selscan_bwd_workspace_size(&a, &e, &ws_bytes), SELSCAN_STATUS_SUCCESS);
-    void* ws = nullptr;
-    CUDA_OK(cudaMalloc(&ws, ws_bytes));
-    e.workspace = ws;
-    e.workspace_bytes = ws_bytes;
-    cudaEvent_t t0, t1;
-    cudaEventCreate(&t0);
-    cudaEventCreate(&t1);
-    std::vector<float> ms;
-    for (int i = 0; i < 25; ++i) {
-      cudaEventRecord(t0);
-      ASSERT_EQ(selscan_bwd(&a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-      cudaEventRecord(t1);
-      cudaEventSynchronize(t1);
-      float m = 0;
-      cudaEventElapsedTime(&m, t0, t1);
-      if (i >= 5) ms.push_back(m);
-    }
-    std::sort(ms.begin(), ms.end());
-    std::printf("bwd timing (Bt=8 D=1536 L=2048 N=16 bf16 varBC D z bias softplus) deterministic=%d: median %.4f ms "
-                "(min %.4f), workspace %.1f MB\n",
-                det, ms[ms.size() / 2], ms[0], ws_bytes / 1e6);
-    cudaEventDestroy(t0);
-    cudaEventDestroy(t1);
-    cudaFree(ws);
-  }
-}
-
 }  // namespace
+}  // namespace selscan_test

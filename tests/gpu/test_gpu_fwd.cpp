@@ -6,17 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
 #include <map>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "case.h"
-#include "gpu_gate.h"
 #include "compare.h"
-#include "npy.h"
+#include "golden.h"
+#include "gpu_gate.h"
 
 namespace selscan_test {
 namespace {
@@ -345,93 +344,26 @@ TEST(GpuFwd, CapturedInCudaGraph) {
 // Upstream's own outputs for the same inputs (shared/golden). out.npy is the final output (out_z with z).
 class GpuFwdGolden : public ::testing::TestWithParam<std::string> {};
 
-bool json_flag(const std::string& j, const std::string& key) {
-  const auto k = j.find("\"" + key + "\"");
-  return k != std::string::npos && j.compare(j.find(':', k) + 1, 5, " true") == 0;
-}
-int64_t json_int(const std::string& j, const std::string& key, int64_t dflt) {
-  const auto k = j.find("\"" + key + "\"");
-  if (k == std::string::npos) return dflt;
-  const std::string rest = j.substr(j.find(':', k) + 1);
-  const auto p = rest.find_first_not_of(' ');
-  if (rest.compare(p, 4, "null") == 0) return dflt;
-  return std::stoll(rest.substr(p));
-}
-std::string json_string(const std::string& j, const std::string& key) {
-  const auto k = j.find("\"" + key + "\"");
-  if (k == std::string::npos) return "";
-  const auto q1 = j.find('"', j.find(':', k) + 1);
-  return j.substr(q1 + 1, j.find('"', q1 + 1) - q1 - 1);
-}
-
-// A tensor of dtype with the npy's shape and values (contiguous, guards around).
-Tensor from_npy(const NpyArray& a, int32_t dtype) {
-  Tensor t = make_tensor(dtype, a.shape);
-  std::vector<int64_t> idx(a.shape.size(), 0);
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    if (dtype == SELSCAN_DTYPE_COMPLEX64) t.setc(idx, cd(a.data[2 * i], a.data[2 * i + 1]));
-    else t.set(idx, a.data[i]);
-    for (int k = static_cast<int>(idx.size()) - 1; k >= 0; --k) {
-      if (++idx[k] < a.shape[k]) break;
-      idx[k] = 0;
-    }
-  }
-  return t;
-}
-
 TEST_P(GpuFwdGolden, MatchesUpstream) {
   REQUIRE_GPU();
-  const std::string dir = golden_dir() + "/" + GetParam();
-  std::ifstream jf(dir + "/case.json");
-  if (!jf) GTEST_SKIP() << "golden vectors not found at " << dir << " (set SELSCAN_GOLDEN_DIR)";
-  const std::string j((std::istreambuf_iterator<char>(jf)), std::istreambuf_iterator<char>());
-  const std::string its = json_string(j, "itype");
-  const int32_t it = its == "fp16" ? SELSCAN_DTYPE_FLOAT16 : its == "bf16" ? SELSCAN_DTYPE_BFLOAT16 : SELSCAN_DTYPE_FLOAT32;
-  const bool cplx = json_string(j, "wtype") == "complex64";
-  const int32_t wt = cplx ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
-
-  CaseSpec s;
-  s.batch = json_int(j, "batch", 0);
-  s.dim = json_int(j, "dim", 0);
-  s.seqlen = json_int(j, "seqlen", 0);
-  s.dstate = json_int(j, "dstate", 0);
-  s.groups = json_int(j, "groups", 1);
-  s.itype = it;
-  s.complex = cplx;
-  s.var_B = json_flag(j, "variable_B");
-  s.var_C = json_flag(j, "variable_C");
-  s.has_D = json_flag(j, "has_D");
-  s.has_z = json_flag(j, "has_z");
-  s.has_delta_bias = json_flag(j, "has_delta_bias");
-  s.softplus = json_flag(j, "delta_softplus");
-  SCOPED_TRACE(GetParam() + ": " + s.str());
+  if (!std::filesystem::exists(golden_dir() + "/" + GetParam() + "/case.json"))
+    GTEST_SKIP() << "golden vectors not found at " << golden_dir() << "/" << GetParam() << " (set SELSCAN_GOLDEN_DIR)";
+  GoldenCase g;
+  const std::string err = load_golden(GetParam(), &g);
+  ASSERT_TRUE(err.empty()) << err;
   // Shapes and output buffers from make_case; inputs replaced by the golden arrays.
-  Case c = make_case(s);
-  auto load = [&](const char* name, Tensor& t, int32_t dtype) {
-    NpyArray a;
-    const std::string err = read_npy(dir + "/" + name + ".npy", &a);
-    ASSERT_TRUE(err.empty()) << err;
-    t = from_npy(a, dtype);
-  };
-  load("u", c.u, it);
-  load("delta", c.delta, it);
-  load("A", c.A, wt);
-  load("B", c.B, s.var_B ? it : wt);
-  load("C", c.C, s.var_C ? it : wt);
-  if (s.has_D) load("D", c.D, SELSCAN_DTYPE_FLOAT32);
-  if (s.has_z) load("z", c.z, it);
-  if (s.has_delta_bias) load("delta_bias", c.delta_bias, SELSCAN_DTYPE_FLOAT32);
+  Case c;
+  const std::string cerr = golden_to_case(g, &c);
+  ASSERT_TRUE(cerr.empty()) << cerr;
+  const CaseSpec& s = c.spec;
+  SCOPED_TRACE(GetParam() + ": " + s.str());
   DeviceCopy dev(c, false);
   ASSERT_TRUE(dev.ok());
   ASSERT_EQ(run_gpu(c, dev), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   expect_all_written(c);
-  NpyArray out, last;
-  ASSERT_TRUE(read_npy(dir + "/out.npy", &out).empty());
-  ASSERT_TRUE(read_npy(dir + "/last_state.npy", &last).empty());
-  const Tol t = tol_out(it);
-  EXPECT_TRUE(allclose("out", (s.has_z ? c.out_z : c.out).values(),
-                       std::vector<double>(out.data.begin(), out.data.end()), t));
-  EXPECT_TRUE(allclose("last_state", c.last_state.values(), std::vector<double>(last.data.begin(), last.data.end()), t));
+  const Tol t = tol_out(s.itype);
+  EXPECT_TRUE(allclose("out", (s.has_z ? c.out_z : c.out).values(), golden_values(g, "out"), t));
+  EXPECT_TRUE(allclose("last_state", c.last_state.values(), golden_values(g, "last_state"), t));
   expect_matches_reference(c);
 }
 

@@ -44,11 +44,11 @@
 #include "check.h"
 #include "compare.h"
 #include "gpu_gate.h"
-#include "half.h"
+#include "support/dtype.h"
 #include "limit_inputs.h"
 #include "positions.h"
 #include "reduced_cond.h"
-#include "reference.h"
+#include "support/reference.h"
 #include "selscan/selscan.h"
 #include "tensor.h"
 
@@ -92,23 +92,8 @@ void wait_or_die(cudaStream_t stream, const char* what) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------- values
-// Input patterns: limit_pattern, put_real and Dist (tests/common/limit_inputs.h, shared with the CPU test that
-// rebuilds these problems).
-double get_real(int32_t dtype, const unsigned char* p) {
-  uint16_t h = 0;
-  float f = 0.f;
-  if (dtype == SELSCAN_DTYPE_FLOAT16) {
-    std::memcpy(&h, p, 2);
-    return f16_to_float(h);
-  }
-  if (dtype == SELSCAN_DTYPE_BFLOAT16) {
-    std::memcpy(&h, p, 2);
-    return bf16_to_float(h);
-  }
-  std::memcpy(&f, p, 4);
-  return f;
-}
+// Input patterns: limit_pattern and Dist (tests/common/limit_inputs.h, shared with the CPU test that rebuilds
+// these problems); element values through load_real (support/dtype.h).
 
 // ---------------------------------------------------------------------------------------------- device tensors
 struct DevBuf {
@@ -204,12 +189,6 @@ bool all_ff(const unsigned char* p, int64_t n) {
   return true;
 }
 
-bool finite_element(int32_t dtype, const unsigned char* p) {
-  if (dtype == SELSCAN_DTYPE_COMPLEX64)
-    return std::isfinite(get_real(SELSCAN_DTYPE_FLOAT32, p)) && std::isfinite(get_real(SELSCAN_DTYPE_FLOAT32, p + 4));
-  return std::isfinite(get_real(dtype, p));
-}
-
 // The first and last element of every innermost row of an output are written (no NaN poison left) and finite.
 // The outer dimensions are merged where their strides allow; the innermost merged one is read with one strided
 // copy (cudaMemcpy2D) per index of the rest.
@@ -295,7 +274,7 @@ struct LimitSpec {
   int64_t cpg() const { return D / G; }
   std::string str() const {
     std::ostringstream os;
-    os << "Bt=" << Bt << " D=" << D << " L=" << L << " N=" << N << " G=" << G << " " << dtype_str(itype)
+    os << "Bt=" << Bt << " D=" << D << " L=" << L << " N=" << N << " G=" << G << " " << dtype_name(itype)
        << (cplx ? " complex" : " real") << " B=" << (varB ? "var" : "const") << " C=" << (varC ? "var" : "const")
        << (hasD ? " +D" : "") << (hasZ ? " +z" : "") << (hasBias ? " +bias" : "") << (softplus ? " +softplus" : "")
        << (hasH0 ? " +h0" : "") << (det ? " deterministic" : " atomics")
@@ -480,11 +459,11 @@ std::vector<double> vals(const Tensor& t) {
   const unsigned char* p = t.storage.data() + t.offset * es;
   if (t.dtype == SELSCAN_DTYPE_COMPLEX64) {
     std::vector<double> v(static_cast<size_t>(2 * n));
-    for (int64_t i = 0; i < 2 * n; ++i) v[static_cast<size_t>(i)] = get_real(SELSCAN_DTYPE_FLOAT32, p + 4 * i);
+    for (int64_t i = 0; i < 2 * n; ++i) v[static_cast<size_t>(i)] = load_real(SELSCAN_DTYPE_FLOAT32, p + 4 * i);
     return v;
   }
   std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = get_real(t.dtype, p + es * i);
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = load_real(t.dtype, p + es * i);
   return v;
 }
 
@@ -1038,7 +1017,7 @@ TEST(GpuLimitsNonFinite, ExplosiveAAtCpuPositions) {
     EXPECT_GT(o.finite, 0) << "no position was comparable";
     std::printf("[ explosive ] L=%lld %s %s %s: %lld finite, %lld non-finite (%lld NaN-vs-Inf), %lld beyond 1e30 "
                 "skipped\n",
-                static_cast<long long>(s.seqlen), dtype_str(s.itype), s.complex ? "complex" : "real",
+                static_cast<long long>(s.seqlen), dtype_name(s.itype), s.complex ? "complex" : "real",
                 s.var_B ? "varBC" : "constBC", static_cast<long long>(o.finite), static_cast<long long>(o.nonfinite),
                 static_cast<long long>(o.kind_differs), static_cast<long long>(o.indeterminate));
     if (::testing::Test::HasFailure()) return;

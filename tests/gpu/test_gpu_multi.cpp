@@ -13,20 +13,22 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "args.h"
 #include "gpu_gate.h"
-#include "half.h"
 #include "selscan/selscan.h"
+#include "support/abi.h"
+#include "support/dtype.h"
+#include "support/rng.h"
 
 namespace {
 
-using selscan_test::float_to_bf16;
-using selscan_test::float_to_f16;
+using selscan_support::contiguous_desc;
+using selscan_support::dtype_size;
+using selscan_support::Rng;
+using selscan_support::store_real;
 
 // Two chunks (the backward reads the saved states x), three 8-channel tiles per group, odd tail.
 constexpr int64_t Bt = 2, D = 96, L = 2600, N = 16, G = 2;
@@ -36,10 +38,6 @@ struct Config {
   int32_t itype;
   bool cplx, varC, h0;
 };
-
-int64_t esize(int32_t dt) {
-  return dt == SELSCAN_DTYPE_COMPLEX64 ? 8 : (dt == SELSCAN_DTYPE_FLOAT16 || dt == SELSCAN_DTYPE_BFLOAT16) ? 2 : 4;
-}
 
 // The calling thread's current device for a scope.
 class OnDevice {
@@ -111,54 +109,30 @@ std::vector<TSpec> tensor_specs(const Config& c) {
 // Host bytes of every input, from one seed.
 std::map<std::string, std::vector<unsigned char>> host_inputs(const Config& c, uint64_t seed) {
   std::map<std::string, std::vector<unsigned char>> m;
-  std::mt19937_64 g(seed);
-  auto uni = [&] { return static_cast<double>(g() >> 11) * (1.0 / 9007199254740992.0); };
-  auto nrm = [&] { return std::sqrt(-2.0 * std::log(1.0 - uni())) * std::cos(6.283185307179586 * uni()); };
+  Rng r(seed);
   for (const TSpec& t : tensor_specs(c)) {
     if (!t.input) continue;
     std::vector<unsigned char>& b = m[t.name];
-    const int64_t n = t.numel(), es = esize(t.dtype);
+    const int64_t n = t.numel(), es = dtype_size(t.dtype);
     b.resize(static_cast<size_t>(n * es));
     for (int64_t i = 0; i < n; ++i) {
       unsigned char* p = b.data() + i * es;
       if (t.dtype == SELSCAN_DTYPE_COMPLEX64) {
-        const float re = static_cast<float>(t.name == "A" ? -0.02 - 0.48 * uni() : nrm());
-        const float im = static_cast<float>(t.name == "A" ? 2.0 * nrm() : nrm());
-        std::memcpy(p, &re, 4);
-        std::memcpy(p + 4, &im, 4);
+        const bool a = t.name == "A";
+        store_real(SELSCAN_DTYPE_FLOAT32, p, a ? -0.02 - 0.48 * r.uniform() : r.normal());
+        store_real(SELSCAN_DTYPE_FLOAT32, p + 4, a ? 2.0 * r.normal() : r.normal());
         continue;
       }
-      double v = nrm();
-      if (t.name == "delta" || t.name == "delta_bias") v = 0.5 * uni();
-      if (t.name == "A") v = -std::exp(std::log(1e-3) * uni());  // some slow states: they cross the chunk
-      const float f = static_cast<float>(v);
-      if (t.dtype == SELSCAN_DTYPE_FLOAT16) {
-        const uint16_t h = float_to_f16(f);
-        std::memcpy(p, &h, 2);
-      } else if (t.dtype == SELSCAN_DTYPE_BFLOAT16) {
-        const uint16_t h = float_to_bf16(f);
-        std::memcpy(p, &h, 2);
-      } else {
-        std::memcpy(p, &f, 4);
-      }
+      double v = r.normal();
+      if (t.name == "delta" || t.name == "delta_bias") v = 0.5 * r.uniform();
+      if (t.name == "A") v = -std::exp(std::log(1e-3) * r.uniform());  // some slow states: they cross the chunk
+      store_real(t.dtype, p, v);
     }
   }
   return m;
 }
 
-selscan_tensor_t desc(const TSpec& t, void* p) {
-  selscan_tensor_t d{};
-  d.data = p;
-  d.dtype = t.dtype;
-  d.ndim = static_cast<int32_t>(t.sizes.size());
-  int64_t s = 1;
-  for (int i = d.ndim - 1; i >= 0; --i) {
-    d.sizes[i] = t.sizes[static_cast<size_t>(i)];
-    d.strides[i] = s;
-    s *= t.sizes[static_cast<size_t>(i)];
-  }
-  return d;
-}
+selscan_tensor_t desc(const TSpec& t, void* p) { return contiguous_desc(p, t.dtype, t.sizes); }
 
 using Bytes = std::vector<std::vector<unsigned char>>;
 
@@ -172,7 +146,7 @@ class Call {
       if (t.input) {
         buf_[t.name] = inputs.at(t.name);
       } else {
-        buf_[t.name] = std::make_shared<Buffer>(device, static_cast<size_t>(t.numel() * esize(t.dtype)));
+        buf_[t.name] = std::make_shared<Buffer>(device, static_cast<size_t>(t.numel() * dtype_size(t.dtype)));
         ok_ = ok_ && buf_[t.name]->p != nullptr;
       }
     }
@@ -196,7 +170,7 @@ class Call {
     fa_.out_z = d("out_z");
     fa_.x = d("x");
     fa_.last_state = d("last_state");
-    ba_ = selscan_test::bwd_args_with_inputs_of(fa_, true);
+    ba_ = selscan_support::bwd_args_with_inputs_of(fa_, true);
     ba_.dout = d("dout");
     ba_.x = fa_.x;
     ba_.out = fa_.out;
@@ -323,7 +297,7 @@ void expect_written(const Bytes& got, const std::vector<TSpec>& specs, const std
     if (t.input) continue;
     ASSERT_LT(k, got.size()) << what << ": outputs could not be read back";
     const auto& g = got[k++];
-    const int64_t es = esize(t.dtype);
+    const int64_t es = dtype_size(t.dtype);
     int64_t unwritten = 0;
     for (size_t i = 0; i + static_cast<size_t>(es) <= g.size(); i += static_cast<size_t>(es)) {
       bool ff = true;

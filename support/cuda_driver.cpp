@@ -1,22 +1,30 @@
-#include "cuda_driver.h"
+#include "support/cuda_driver.h"
 
+#if !defined(_WIN32)
 #include <dlfcn.h>
+#endif
 
 #include <fmt/format.h>
 
-namespace selscan_cli {
+namespace selscan_support {
 
 namespace {
 
+#if !defined(_WIN32)
 // Resolves `name` into `fn`; records the first missing symbol in `missing`.
 template <typename Fn>
 void resolve(void* handle, const char* name, Fn& fn, std::string& missing) {
   fn = reinterpret_cast<Fn>(dlsym(handle, name));
   if (fn == nullptr && missing.empty()) missing = name;
 }
+#endif
 
 Driver load_driver() {
   Driver d;
+#if defined(_WIN32)
+  d.why = "the CUDA driver is opened with dlopen, which this platform lacks: GPU checks and benchmarks are off";
+  return d;
+#else
   // RTLD_LOCAL: the symbols stay private to us; libselscan's runtime opens its own handle to the same file.
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
@@ -36,11 +44,13 @@ Driver load_driver() {
   resolve(h, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain, missing);
   resolve(h, "cuDevicePrimaryCtxRelease_v2", d.cuDevicePrimaryCtxRelease, missing);
   resolve(h, "cuCtxSetCurrent", d.cuCtxSetCurrent, missing);
+  resolve(h, "cuCtxSynchronize", d.cuCtxSynchronize, missing);
   resolve(h, "cuMemGetInfo_v2", d.cuMemGetInfo, missing);
   resolve(h, "cuMemAlloc_v2", d.cuMemAlloc, missing);
   resolve(h, "cuMemFree_v2", d.cuMemFree, missing);
   resolve(h, "cuMemcpyHtoD_v2", d.cuMemcpyHtoD, missing);
   resolve(h, "cuMemcpyDtoH_v2", d.cuMemcpyDtoH, missing);
+  resolve(h, "cuMemcpyDtoDAsync_v2", d.cuMemcpyDtoDAsync, missing);
   resolve(h, "cuMemsetD8_v2", d.cuMemsetD8, missing);
   resolve(h, "cuStreamCreate", d.cuStreamCreate, missing);
   resolve(h, "cuStreamDestroy_v2", d.cuStreamDestroy, missing);
@@ -60,6 +70,7 @@ Driver load_driver() {
   if (dladdr(reinterpret_cast<void*>(d.cuInit), &info) != 0 && info.dli_fname != nullptr) d.path = info.dli_fname;
   d.loaded = true;
   return d;
+#endif
 }
 
 DriverState init_driver() {
@@ -132,4 +143,4 @@ bool make_current(int index, std::string* err) {
   return true;
 }
 
-}  // namespace selscan_cli
+}  // namespace selscan_support

@@ -1,5 +1,5 @@
-// The few CUDA driver API entry points the tool needs, loaded at run time from libcuda.so.1, so the tool
-// builds without CUDA headers and runs (CPU only) on machines with no driver. The prototypes are declared here
+// The few CUDA driver API entry points the `selscan` command and the benchmarks need, loaded at run time from
+// libcuda.so.1, so that they build without CUDA headers and run (CPU only) on machines with no driver. The prototypes are declared here
 // by hand from the driver API's documented signatures; the handle types are opaque pointers.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace selscan_cli {
+namespace selscan_support {
 
 using CUresult = int;
 using CUdevice = int;
@@ -23,6 +23,8 @@ constexpr int kAttrComputeMajor = 75;
 constexpr int kAttrComputeMinor = 76;
 constexpr int kAttrL2CacheSize = 38;
 constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrClockRate = 13;  // peak SM clock, kHz
+constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
 
 // One loaded driver. `ok()` is false when libcuda could not be loaded or lacks a symbol; `why` says which.
 struct Driver {
@@ -40,11 +42,13 @@ struct Driver {
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
   CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
   CUresult (*cuMemGetInfo)(size_t*, size_t*) = nullptr;
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t) = nullptr;
   CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*cuStreamDestroy)(CUstream) = nullptr;
@@ -80,4 +84,4 @@ std::string cuda_version_text(int v);
 // thread. Returns false with `err` set on failure.
 bool make_current(int index, std::string* err);
 
-}  // namespace selscan_cli
+}  // namespace selscan_support

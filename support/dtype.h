@@ -1,12 +1,23 @@
-// Test-side float <-> float16 / bfloat16 conversions (round to nearest even). Written with double arithmetic,
-// independently of the library's bit-twiddling versions, so the two check each other.
+// The element types of the public ABI on the host: sizes, names, and float <-> float16 / bfloat16 conversions
+// (round to nearest even). The conversions are written with double arithmetic, independently of the
+// library's bit-twiddling ones (src/cpu/common.h), so that the two check each other (tests/cpu/test_cpu_units).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
-namespace selscan_test {
+#include "selscan/selscan.h"
+
+namespace selscan_support {
+
+// Bytes of one element (complex64: 8).
+int64_t dtype_size(int32_t dtype);
+// "fp32", "fp16", "bf16", "c64"; "?" for anything else.
+const char* dtype_name(int32_t dtype);
+// fp32 / float32 / float, fp16 / float16 / half, bf16 / bfloat16 (the input types). False for anything else.
+bool parse_dtype(const std::string& text, int32_t* dtype);
 
 inline uint16_t float_to_f16(float f) {
   const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
@@ -68,4 +79,37 @@ inline float bf16_to_float(uint16_t h) {
   return static_cast<float>((h & 0x8000) ? -v : v);
 }
 
-}  // namespace selscan_test
+// Stores v rounded to a real dtype (fp32, fp16, bf16; complex64 parts are fp32) at p; reads one back.
+inline void store_real(int32_t dtype, void* p, double v) {
+  const float f = static_cast<float>(v);
+  uint16_t h;
+  switch (dtype) {
+    case SELSCAN_DTYPE_FLOAT16: h = float_to_f16(f); std::memcpy(p, &h, 2); break;
+    case SELSCAN_DTYPE_BFLOAT16: h = float_to_bf16(f); std::memcpy(p, &h, 2); break;
+    default: std::memcpy(p, &f, 4);
+  }
+}
+inline double load_real(int32_t dtype, const void* p) {
+  uint16_t h;
+  float f;
+  switch (dtype) {
+    case SELSCAN_DTYPE_FLOAT16: std::memcpy(&h, p, 2); return f16_to_float(h);
+    case SELSCAN_DTYPE_BFLOAT16: std::memcpy(&h, p, 2); return bf16_to_float(h);
+    default: std::memcpy(&f, p, 4); return f;
+  }
+}
+// What v becomes when stored as a real dtype and read back.
+inline double round_to_dtype(int32_t dtype, double v) {
+  unsigned char b[4];
+  store_real(dtype, b, v);
+  return load_real(dtype, b);
+}
+
+// False when the element at p (complex64: either part) is NaN or infinite (the 0xFF poison included).
+inline bool finite_element(int32_t dtype, const void* p) {
+  if (dtype != SELSCAN_DTYPE_COMPLEX64) return std::isfinite(load_real(dtype, p));
+  return std::isfinite(load_real(SELSCAN_DTYPE_FLOAT32, p)) &&
+         std::isfinite(load_real(SELSCAN_DTYPE_FLOAT32, static_cast<const unsigned char*>(p) + 4));
+}
+
+}  // namespace selscan_support

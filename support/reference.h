@@ -1,6 +1,6 @@
-// The test oracle: a plain float64 sequential recurrence of the selective scan (forward, last state, chunk
-// states) and its reverse mode, written from the math (docs/numerics.md) with straightforward loops. It shares
-// no code with src/. Real and complex weights run through the same complex<double> code: for real weights
+// The float64 reference that tests, `selscan run` and `selscan doctor` judge the library by: a plain sequential
+// recurrence of the selective scan (forward, last state, chunk states) and its reverse mode, written from the
+// math (docs/numerics.md) with straightforward loops. It shares no code with src/. Real and complex weights run through the same complex<double> code: for real weights
 // every value has imaginary part 0 and the output factor kappa is 1 (complex: y += 2 Re(h C), kappa = 2).
 //
 // It always scans the true state h (B applied inside b̄); the upstream fold_B convention appears only in the
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace selscan_test {
+namespace selscan_support {
 
 using cd = std::complex<double>;
 
@@ -81,12 +81,14 @@ struct RefBwd {
   std::vector<double> cond_dh0;                       // (Bt, D, N)
 };
 
-// `with_cond` also fills the cond_* scales (a few more operations in the same recurrence).
-RefFwd ref_forward(const RefProblem& p, bool with_cond = false);
+// `with_cond` also fills the cond_* scales (a few more operations in the same recurrence). `threads` > 1 splits
+// the channels among that many threads; the result does not depend on it.
+RefFwd ref_forward(const RefProblem& p, bool with_cond = false, int threads = 1);
 // dout: gradient of the final output (out_z when z is given, else y). Gradients follow PyTorch's convention
 // for complex inputs of a real loss (dL/dRe + i dL/dIm).
-// `with_cond` also fills the cond_* scales of every gradient.
-RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond = false);
+// `with_cond` also fills the cond_* scales of every gradient. `threads` as for ref_forward, except that the sums
+// over a group's channels (variable dB, dC) are added in a different order for each thread count.
+RefBwd ref_backward(const RefProblem& p, const std::vector<double>& dout, bool with_cond = false, int threads = 1);
 // The problem restricted to some channels and states (every batch and step): channels `ch` of p become channels
 // 0.. and states `st` become states 0... With variable B or C every channel of `ch` must be in one group, which
 // becomes the only group. dA, constant dB/dC and their scales at (i, j) are p's at (ch[i], st[j]); dD,
@@ -96,6 +98,10 @@ RefProblem restrict_problem(const RefProblem& p, const std::vector<int64_t>& ch,
 std::vector<double> restrict_bdl(const RefProblem& p, const std::vector<double>& v, const std::vector<int64_t>& ch);
 // sum(dout * final output), the scalar whose gradient ref_backward computes (for finite differences).
 double ref_loss(const RefProblem& p, const std::vector<double>& dout);
+// ref_backward against central finite differences of ref_loss along `directions` random directions in the
+// space of all inputs (each a draw of the same kind as the inputs, centred). Returns the worst relative
+// disagreement of the directional derivatives (about 1e-9 when the reverse mode is right).
+double ref_gradient_check(const RefProblem& p, const std::vector<double>& dout, int directions, uint64_t seed);
 
 // Flatten complex values for comparison with a tensor's values(): interleaved re/im when `cplx`, else the
 // real parts.
@@ -103,5 +109,9 @@ std::vector<double> flatten(const std::vector<cd>& v, bool cplx);
 // A per-element scale laid out like flatten(): each value twice (re, im) when `cplx`. A bound on the modulus
 // of a complex error bounds both parts.
 std::vector<double> flatten_cond(const std::vector<double>& v, bool cplx);
+// The chunk states as the x tensor (Bt, D, nc, 2N) lays them out, flattened like flatten(): [..., 2n] = P,
+// [..., 2n+1] = H. ref_x_cond: their condition scales (RefFwd::cond_xP, cond_xH) in the same layout.
+std::vector<double> ref_x_values(const RefFwd& f, const RefProblem& p);
+std::vector<double> ref_x_cond(const RefFwd& f, const RefProblem& p);
 
-}  // namespace selscan_test
+}  // namespace selscan_support
