@@ -204,14 +204,8 @@ Case make_case(const CaseSpec& s) {
 }
 
 CaseSpec l4500_complex_h0_f16(uint64_t seed) {
-  CaseSpec s;
-  s.seqlen = 4500;
-  s.dim = 4;
-  s.dstate = 8;
-  s.complex = true;
-  s.has_h0 = true;
-  s.slow_decay = true;
-  s.itype = SELSCAN_DTYPE_FLOAT16;
+  CaseSpec s = case_spec(2, 4, 4500, 8, SELSCAN_DTYPE_FLOAT16);
+  s.complex = s.has_h0 = s.slow_decay = true;
   s.seed = seed;
   return s;
 }

@@ -45,6 +45,13 @@ std::vector<std::string> golden_case_names() {
   return names;
 }
 
+bool golden_exists(const std::string& name) { return fs::exists(fs::path(golden_dir()) / name / "case.json"); }
+
+std::string load_golden_case(const std::string& name, GoldenCase* g, Case* c) {
+  const std::string err = load_golden(name, g);
+  return err.empty() ? golden_to_case(*g, c) : err;
+}
+
 std::string load_golden(const std::string& name, GoldenCase* g) {
   g->name = name;
   g->dir = (fs::path(golden_dir()) / name).string();

@@ -1,11 +1,11 @@
 // CPU forward + backward vs the float64 recurrence over a matrix of flags, dtypes, sizes and layouts.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "check.h"
+#include "edge_cases.h"
 
 namespace selscan_test {
 namespace {
@@ -153,10 +153,20 @@ TEST(CpuMatrix, ThreadCounts) {
   }
 }
 
-TEST(CpuMatrix, ReportMargin) {
-  std::printf("[ margin   ] worst error/tolerance ratio over the matrix so far: %.3g\n", worst_seen());
-  // Where the conditioning-aware bounds (out/out_z and the reduced gradients) raised a limit above upstream's.
-  std::printf("[ loosened ] over the matrix so far:\n%s", loosened_report().c_str());
+// softplus between 1 and its threshold (tests/common/edge_cases.h; the GPU suite runs the same cases).
+TEST(CpuMatrix, SoftplusMidRange) {
+  for (const NamedSpec& n : softplus_mid_range_cases()) {
+    SCOPED_TRACE(n.name);
+    check_case(n.spec);
+  }
+}
+
+// The backward at exactly L = 2048 without x (tests/common/edge_cases.h; the GPU suite runs the same cases).
+TEST(CpuMatrix, OneChunkBackwardWithoutX) {
+  for (const NamedSpec& n : one_chunk_without_x_cases()) {
+    SCOPED_TRACE(n.name);
+    check_case(n.spec);
+  }
 }
 
 }  // namespace

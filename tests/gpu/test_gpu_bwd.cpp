@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,7 +133,7 @@ std::vector<uint8_t> device_bytes(const Tensor& t) {
 // 2 misaligned bases. out_z is recomputed by the backward unless asked otherwise.
 struct Cfg : CaseSpec {
   int layout = 0;
-  Cfg() { recompute_out_z = true; }
+  explicit Cfg(const CaseSpec& s = CaseSpec()) : CaseSpec(s) { recompute_out_z = true; }
   std::string str() const { return CaseSpec::str() + " layout=" + std::to_string(layout); }
 };
 
@@ -606,11 +605,7 @@ TEST_F(BwdGpu, MisalignedPointers) {
 }
 
 TEST_F(BwdGpu, DimBeyondGridLimit) {
-  Cfg c;
-  c.batch = 1;
-  c.dim = 70000;
-  c.seqlen = 9;
-  c.dstate = 2;
+  Cfg c(case_spec(1, 70000, 9, 2, SELSCAN_DTYPE_FLOAT32));
   c.var_B = false;
   c.var_C = false;
   c.has_z = false;
@@ -653,14 +648,11 @@ class BwdGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BwdGolden, MatchesUpstream) {
   REQUIRE_GPU();
-  if (!std::filesystem::exists(golden_dir() + "/" + GetParam() + "/case.json"))
-    GTEST_SKIP() << "golden case not found: " << golden_dir() << "/" << GetParam();
+  if (!golden_exists(GetParam())) GTEST_SKIP() << "golden case not found: " << golden_dir() << "/" << GetParam();
   GoldenCase gc;
   const std::string err = load_golden(GetParam(), &gc);
   ASSERT_TRUE(err.empty()) << err;
-  Cfg c;
-  static_cast<CaseSpec&>(c) = gc.spec;
-  c.recompute_out_z = true;
+  Cfg c(gc.spec);
   if (!c.var_B && !c.var_C) c.groups = 1;
   SCOPED_TRACE(c.str());
   Host h;

@@ -1,12 +1,11 @@
 // GPU forward (selscan_fwd on SELSCAN_DEVICE_CUDA) through the public ABI against the float64 recurrence
-// (tests/common/reference.h), the library's CPU path on the same inputs, and upstream's golden vectors.
+// (support/reference.h), the library's CPU path on the same inputs, and upstream's golden vectors.
 // Every output buffer (guards and gaps included) is poisoned with NaN bytes before each run and checked
 // afterwards: every element written, every other byte untouched.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <ostream>
 #include <string>
@@ -299,12 +298,7 @@ INSTANTIATE_TEST_SUITE_P(Small, GpuFwdMatrix, ::testing::ValuesIn(matrix()),
 // More channels than a 16-bit grid dimension holds; blocks are indexed in gridDim.x with 64-bit math.
 TEST(GpuFwd, DimBeyond65535) {
   REQUIRE_GPU();
-  CaseSpec s;
-  s.batch = 1;
-  s.dim = 70000;
-  s.seqlen = 3;
-  s.dstate = 4;
-  s.itype = SELSCAN_DTYPE_BFLOAT16;
+  CaseSpec s = case_spec(1, 70000, 3, 4, SELSCAN_DTYPE_BFLOAT16);
   s.seed = 77;
   check_spec(s);
 }
@@ -346,15 +340,13 @@ class GpuFwdGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuFwdGolden, MatchesUpstream) {
   REQUIRE_GPU();
-  if (!std::filesystem::exists(golden_dir() + "/" + GetParam() + "/case.json"))
+  if (!golden_exists(GetParam()))
     GTEST_SKIP() << "golden vectors not found at " << golden_dir() << "/" << GetParam() << " (set SELSCAN_GOLDEN_DIR)";
-  GoldenCase g;
-  const std::string err = load_golden(GetParam(), &g);
-  ASSERT_TRUE(err.empty()) << err;
   // Shapes and output buffers from make_case; inputs replaced by the golden arrays.
+  GoldenCase g;
   Case c;
-  const std::string cerr = golden_to_case(g, &c);
-  ASSERT_TRUE(cerr.empty()) << cerr;
+  const std::string err = load_golden_case(GetParam(), &g, &c);
+  ASSERT_TRUE(err.empty()) << err;
   const CaseSpec& s = c.spec;
   SCOPED_TRACE(GetParam() + ": " + s.str());
   DeviceCopy dev(c, false);

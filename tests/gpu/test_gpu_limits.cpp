@@ -43,6 +43,7 @@
 #include "case.h"
 #include "check.h"
 #include "compare.h"
+#include "edge_cases.h"
 #include "gpu_gate.h"
 #include "support/dtype.h"
 #include "limit_inputs.h"
@@ -822,6 +823,24 @@ void check_on_gpu(const CaseSpec& spec) {
   GpuExec ex(probe);
   const DeviceMemory dm = device_memory();
   check_case(spec, ex.exec, &dm);
+}
+
+// The CPU suite's edge cases (tests/common/edge_cases.h), here on the GPU: softplus between 1 and its threshold,
+// and a backward at exactly one chunk without x. Also rerun with the thread-states kernels forced.
+TEST(GpuEdges, SoftplusMidRange) {
+  REQUIRE_GPU();
+  for (const NamedSpec& n : softplus_mid_range_cases()) {
+    SCOPED_TRACE(n.name);
+    check_on_gpu(n.spec);
+  }
+}
+
+TEST(GpuEdges, OneChunkBackwardWithoutX) {
+  REQUIRE_GPU();
+  for (const NamedSpec& n : one_chunk_without_x_cases()) {
+    SCOPED_TRACE(n.name);
+    check_on_gpu(n.spec);
+  }
 }
 
 // seqlen 1: a single step (no scan at all), every layout, including (Bt, D, 1) tensors whose last stride is

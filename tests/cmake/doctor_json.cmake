@@ -1,0 +1,41 @@
+# cmake -DAPP=<selscan> -P doctor_json.cmake
+# `selscan doctor --json` must exit 0 and print one JSON object that says the same: ok, no failures, the library
+# section filled in, a float64 reference that passes its finite-difference check, and every self-test case run
+# and passed. A doctor that fails, or prints something else, fails this test.
+execute_process(COMMAND "${APP}" doctor --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "selscan doctor --json exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+
+# string(JSON) stops with a message naming the key when the text is not JSON or a key is missing.
+string(JSON ok GET "${out}" ok)
+string(JSON failures GET "${out}" failures)
+if(NOT ok STREQUAL "ON" OR NOT failures EQUAL 0)
+  message(FATAL_ERROR "selscan doctor --json exited 0 but says ok=${ok}, failures=${failures}:\n${out}")
+endif()
+string(JSON version GET "${out}" library version)
+string(JSON build_info GET "${out}" library build_info)
+if(version STREQUAL "" OR build_info STREQUAL "")
+  message(FATAL_ERROR "library.version or library.build_info is empty:\n${out}")
+endif()
+string(JSON fd GET "${out}" self_test reference_fd_rel_err)
+if(NOT fd LESS 1e-5)
+  message(FATAL_ERROR "self_test.reference_fd_rel_err is ${fd}, expected below 1e-5")
+endif()
+string(JSON ncases LENGTH "${out}" self_test cases)
+if(ncases LESS 4)
+  message(FATAL_ERROR "self_test.cases has ${ncases} entries, expected at least the 4 CPU cases")
+endif()
+math(EXPR last "${ncases} - 1")
+foreach(i RANGE ${last})
+  string(JSON label GET "${out}" self_test cases ${i} case)
+  string(JSON device GET "${out}" self_test cases ${i} device)
+  string(JSON ran GET "${out}" self_test cases ${i} ran)
+  string(JSON pass GET "${out}" self_test cases ${i} pass)
+  string(JSON ntensors LENGTH "${out}" self_test cases ${i} vs_float64)
+  if(NOT ran STREQUAL "ON" OR NOT pass STREQUAL "ON" OR ntensors LESS 8)
+    message(FATAL_ERROR "self-test case '${label}' on ${device}: ran=${ran}, pass=${pass}, ${ntensors} tensors "
+                        "compared with float64")
+  endif()
+endforeach()
+message(STATUS "selscan doctor --json: ok, ${ncases} self-test cases passed, reference fd error ${fd}")
