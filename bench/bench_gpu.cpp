@@ -200,7 +200,8 @@ bool register_gpu_benchmarks(std::string* why) {
   // The issue #4 rows: forward (training: writes x), forward for inference (last_state, no x), backward, and
   // the deterministic backward.
   for (const selscan_support::BenchShape& b : selscan_support::bench_shapes("gpu"))
-    for (Mode m : {Mode::fwd, Mode::fwd_infer, Mode::bwd, Mode::bwd_det}) reg(benchmark_name("gpu", m, b.spec), b.spec, m);
+    for (Mode m : {Mode::fwd, Mode::fwd_infer, Mode::bwd, Mode::bwd_det})
+      reg(benchmark_name("gpu", m, b.spec), b.spec, m);
   // L sweep for the time-vs-L plot.
   const std::vector<selscan_support::BenchShape> sweep = selscan_support::bench_shapes("gpu_sweep");
   for (Mode m : {Mode::fwd, Mode::bwd})

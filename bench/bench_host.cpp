@@ -19,6 +19,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "support/abi.h"
 
 #if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
 
@@ -44,33 +45,29 @@ std::string cuda_msg(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int bench_device() {
   const char* env = std::getenv("SELSCAN_BENCH_DEVICE");
   return env != nullptr ? std::atoi(env) : 0;
 }
 
-// One shape's buffers (a single set: the timed calls all use it), its stream and the GPU filler.
+// One shape's buffers (a single set, support/device.h: the timed calls all use it), its stream and the GPU filler.
 class HostFixture {
  public:
   std::string error;  // non-empty: setup failed
 
-  HostFixture(const Shape& s, bool bwd) : s_(s), bwd_(bwd) { error = setup(); }
+  HostFixture(const CaseSpec& s, bool bwd) : s_(s), bwd_(bwd) { error = setup(); }
   ~HostFixture() {
     if (busy_) cudaEventDestroy(busy_);
     if (stream_) cudaStreamDestroy(stream_);
-    for (void* p : ptrs_) cudaFree(p);
+    if (filler_) cudaFree(filler_);
   }
 
-  selscan_status_t call() { return bwd_ ? selscan_bwd(&bwd_args_, &ex_) : selscan_fwd(&fwd_args_, &ex_); }
+  selscan_status_t call() {
+    return bwd_ ? selscan_bwd(&case_.bwd_args(), &case_.exec()) : selscan_fwd(&case_.fwd_args(), &case_.exec());
+  }
   selscan_status_t query(size_t* bytes) {
-    return bwd_ ? selscan_bwd_workspace_size(&bwd_args_, &ex_, bytes)
-                : selscan_fwd_workspace_size(&fwd_args_, &ex_, bytes);
+    return bwd_ ? selscan_bwd_workspace_size(&case_.bwd_args(), &case_.exec(), bytes)
+                : selscan_fwd_workspace_size(&case_.fwd_args(), &case_.exec(), bytes);
   }
 
   // Seconds per call of one batch with the GPU busy; < 0 with `error` set on failure.
@@ -86,7 +83,7 @@ class HostFixture {
       (void)cudaGetLastError();  // a pending query is not an error
       const cudaError_t e = cudaStreamSynchronize(stream_);
       if (st != SELSCAN_STATUS_SUCCESS) {
-        error = status_message(st);
+        error = selscan_support::status_text(st);
         return -1;
       }
       if (e != cudaSuccess) {
@@ -108,69 +105,42 @@ class HostFixture {
   }
 
  private:
-  Shape s_;
+  CaseSpec s_;
   bool bwd_;
-  std::vector<void*> ptrs_;
+  selscan_support::DeviceCase case_;
   void* filler_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t busy_ = nullptr;
-  selscan_exec_t ex_ = SELSCAN_EXEC_INIT;
-  selscan_fwd_args_t fwd_args_{};
-  selscan_bwd_args_t bwd_args_{};
   int filler_ops_ = 8;
   double op_seconds_ = 1e-4;  // one filler memset, measured in setup
-
-  void* alloc(int64_t bytes, std::string* err) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
-    if (e != cudaSuccess) {
-      if (err->empty()) *err = cuda_msg("cudaMalloc", e);
-      return nullptr;
-    }
-    ptrs_.push_back(p);
-    if (cudaMemset(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 1))) != cudaSuccess && err->empty())
-      *err = "cudaMemset failed";
-    return p;
-  }
 
   std::string setup() {
     cudaError_t e = cudaSetDevice(bench_device());
     if (e != cudaSuccess) return cuda_msg("cudaSetDevice", e);
-    std::string err;
-    const Sizes z(s_);
-    Buffers b;
-    for (void** p : {&b.u, &b.delta, &b.z, &b.out, &b.out_z}) *p = alloc(z.btl, &err);
-    for (void** p : {&b.B, &b.C}) *p = alloc(z.bc, &err);
-    b.A = alloc(z.dn, &err);
-    for (void** p : {&b.D, &b.bias}) *p = alloc(z.dvec, &err);
-    b.x = alloc(z.x, &err);
-    if (bwd_) {
-      for (void** p : {&b.dout, &b.du, &b.ddelta, &b.dz}) *p = alloc(z.btl, &err);
-      for (void** p : {&b.dB, &b.dC}) *p = alloc(z.bc, &err);
-      b.dA = alloc(z.dn, &err);
-      for (void** p : {&b.dD, &b.dbias}) *p = alloc(z.dvec, &err);
-    }
-    filler_ = alloc(static_cast<int64_t>(kFillerBytes), &err);
-    if (!err.empty()) return err;
+    if ((e = cudaMalloc(&filler_, kFillerBytes)) != cudaSuccess) return cuda_msg("cudaMalloc", e);
     if ((e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)) != cudaSuccess)
       return cuda_msg("cudaStreamCreate", e);
     if ((e = cudaEventCreate(&busy_)) != cudaSuccess) return cuda_msg("cudaEventCreate", e);
 
-    fwd_args_ = fwd_args(s_, b, /*with_x=*/true, /*with_last_state=*/false);
-    bwd_args_ = bwd_args(s_, b, /*deterministic=*/false);
-    ex_.device_kind = SELSCAN_DEVICE_CUDA;
-    ex_.device_index = bench_device();
-    ex_.stream = stream_;
-    size_t ws = 0;
-    if (const selscan_status_t st = query(&ws); st != SELSCAN_STATUS_SUCCESS)
-      return "workspace query: " + status_message(st);
-    ex_.workspace = ws ? alloc(static_cast<int64_t>(ws), &err) : nullptr;
-    ex_.workspace_bytes = ws;
-    if (!err.empty()) return err;
+    // The buffers, the argument structs over them and a workspace for both calls; the calls go to our stream.
+    Target target;
+    target.kind = SELSCAN_DEVICE_CUDA;
+    target.index = bench_device();
+    selscan_support::DeviceCase::Options opt;
+    opt.backward = bwd_;
+    opt.stream = reinterpret_cast<selscan_support::CUstream>(stream_);  // the runtime's and driver's handles agree
+    std::string err;
+    if (!case_.init(selscan_support::spec_for(s_, bwd_ ? Mode::bwd : Mode::fwd), target, opt, &err) ||
+        !selscan_support::fill_bench_inputs(case_, &err))
+      return err;
+    // The outputs' poison went through the legacy stream, which our non-blocking one does not wait for.
+    if ((e = cudaDeviceSynchronize()) != cudaSuccess) return cuda_msg("setup", e);
+    if (bwd_ && !case_.fwd(&err)) return err;  // the backward's out and x
 
     // Warm-up: module load, the device's first-call checks, the kernels' shared-memory limits.
     for (int i = 0; i < 3; ++i)
-      if (const selscan_status_t st = call(); st != SELSCAN_STATUS_SUCCESS) return status_message(st);
+      if (const selscan_status_t st = call(); st != SELSCAN_STATUS_SUCCESS)
+        return selscan_support::status_text(st);
     if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess) return cuda_msg("warm-up", e);
 
     // One filler memset's duration sizes the filler.
@@ -211,21 +181,21 @@ void run(benchmark::State& state, HostFixture& fx, Measure measure) {
     per_call.push_back(t);
   }
   if (per_call.empty()) return;
-  state.counters["us"] = median_of(per_call) * 1e6;
+  state.counters["us"] = selscan_support::median(per_call) * 1e6;
   state.counters["us_min"] = *std::min_element(per_call.begin(), per_call.end()) * 1e6;
   state.counters["calls"] = kCalls;
 }
 
-void run_calls(benchmark::State& state, Shape s, bool bwd) {
+void run_calls(benchmark::State& state, CaseSpec s, bool bwd) {
   HostFixture fx(s, bwd);
   int retries = 0;
   run(state, fx, [&] { return fx.timed_batch(&retries); });
   state.counters["retries"] = retries;
-  state.SetLabel(std::string(dtype_name(s.itype)) + " var B/C G=1, D z bias softplus; GPU kept busy");
+  state.SetLabel(benchmark_label(s) + "; GPU kept busy");
 }
 
 // The workspace-size query: validation and kernel choice, no launch.
-void run_query(benchmark::State& state, Shape s, bool bwd) {
+void run_query(benchmark::State& state, CaseSpec s, bool bwd) {
   HostFixture fx(s, bwd);
   run(state, fx, [&] {
     size_t bytes = 0;
@@ -235,7 +205,7 @@ void run_query(benchmark::State& state, Shape s, bool bwd) {
     const auto t1 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(bytes);
     if (st != SELSCAN_STATUS_SUCCESS) {
-      fx.error = status_message(st);
+      fx.error = selscan_support::status_text(st);
       return -1.0;
     }
     return std::chrono::duration<double>(t1 - t0).count() / kCalls;
@@ -248,15 +218,12 @@ bool register_host_benchmarks() {
     std::fprintf(stderr, "selscan_bench: host-cost benchmarks skipped: CUDA device %d not visible\n", bench_device());
     return false;
   }
-  // The shapes of issues #4 and #12 (bf16, variable B/C, D, z, delta_bias, softplus).
-  constexpr selscan_dtype_t bf16 = SELSCAN_DTYPE_BFLOAT16;
-  const Shape shapes[] = {{8, 1536, 2048, 16, bf16}, {1, 1536, 64, 16, bf16}, {1, 5120, 512, 16, bf16},
-                          {4, 2048, 2048, 64, bf16}};
+  // The "host" shapes of support/bench_shapes.def (bf16, variable B/C, D, z, delta_bias, softplus).
   for (const char* section : {"host", "host_query"})
-    for (const Shape& s : shapes)
+    for (const selscan_support::BenchShape& b : selscan_support::bench_shapes("host"))
       for (const bool bwd : {false, true}) {
-        const std::string name =
-            std::string(section) + (bwd ? "/bwd/" : "/fwd/") + dtype_name(s.itype) + "/" + shape_name(s);
+        const CaseSpec& s = b.spec;
+        const std::string name = benchmark_name(section, bwd ? Mode::bwd : Mode::fwd, s);
         const bool calls = std::string(section) == "host";
         benchmark::RegisterBenchmark(name.c_str(), calls ? run_calls : run_query, s, bwd)
             ->UseManualTime()

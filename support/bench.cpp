@@ -122,6 +122,20 @@ bool driver_ok(CUresult r, const char* what, std::string* err) {
 
 }  // namespace
 
+bool fill_bench_inputs(DeviceCase& c, std::string* err) {
+  const CaseSpec& s = c.spec();
+  std::vector<float> A(size_t(s.dim * s.dstate));
+  for (int64_t d = 0; d < s.dim; ++d)
+    for (int64_t n = 0; n < s.dstate; ++n) A[size_t(d * s.dstate + n)] = -float(n + 1);
+  for (int t = 0; t < kTensorCount; ++t) {
+    const TensorLayout l = layout(s, t);
+    if (is_output(t) || !l.present || !c.allocated(t)) continue;
+    const bool ok = t == kA ? c.upload(t, A, err) : c.fill(t, input_tile(t, l.dtype, l.numel()), err);
+    if (!ok) return false;
+  }
+  return true;
+}
+
 BenchRun::~BenchRun() {
   const bool gpu = target_.kind == SELSCAN_DEVICE_CUDA;
   std::string ignored;
@@ -164,18 +178,9 @@ bool BenchRun::init(const CaseSpec& spec, Mode mode, const Target& target, std::
   opt.backward = bwd;
   opt.own_workspace = !gpu;
   opt.stream = stream_;
-  std::vector<float> A(size_t(spec_.dim * spec_.dstate));
-  for (int64_t d = 0; d < spec_.dim; ++d)
-    for (int64_t n = 0; n < spec_.dstate; ++n) A[size_t(d * spec_.dstate + n)] = -float(n + 1);
   for (int k = 0; k < nsets; ++k) {
     auto c = std::make_unique<DeviceCase>();
-    if (!c->init(spec_, target, opt, err)) return false;
-    for (int t = 0; t < kTensorCount; ++t) {
-      const TensorLayout l = layout(spec_, t);
-      if (is_output(t) || !l.present || (!bwd && t == kDout)) continue;
-      const bool ok = t == kA ? c->upload(t, A, err) : c->fill(t, input_tile(t, l.dtype, l.numel()), err);
-      if (!ok) return false;
-    }
+    if (!c->init(spec_, target, opt, err) || !fill_bench_inputs(*c, err)) return false;
     sets_.push_back(std::move(c));
   }
   if (gpu) {
@@ -207,7 +212,8 @@ bool BenchRun::init(const CaseSpec& spec, Mode mode, const Target& target, std::
 }
 
 bool BenchRun::enqueue(DeviceCase& c, std::string* err) {
-  const selscan_status_t st = is_bwd(mode_) ? selscan_bwd(&c.bwd_args(), &c.exec()) : selscan_fwd(&c.fwd_args(), &c.exec());
+  const selscan_status_t st =
+      is_bwd(mode_) ? selscan_bwd(&c.bwd_args(), &c.exec()) : selscan_fwd(&c.fwd_args(), &c.exec());
   if (st != SELSCAN_STATUS_SUCCESS) {
     *err = std::string(is_bwd(mode_) ? "selscan_bwd: " : "selscan_fwd: ") + status_text(st);
     return false;

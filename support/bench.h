@@ -29,6 +29,10 @@ CaseSpec spec_for(CaseSpec s, Mode m);
 // only when L > 2048). docs/performance.md, "Counters".
 double min_bytes(const CaseSpec& s, Mode m);
 
+// Fills every input of `c` with the benchmark values: realistic and finite, so that a non-finite output means
+// a broken call (docs/performance.md, "Method"). The backward's out and x come from a forward, not from here.
+bool fill_bench_inputs(DeviceCase& c, std::string* err);
+
 // One row of bench_shapes.def.
 struct BenchShape {
   std::string section;  // "gpu", "gpu_sweep", "cpu"

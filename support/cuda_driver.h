@@ -1,6 +1,7 @@
 // The few CUDA driver API entry points the `selscan` command and the benchmarks need, loaded at run time from
-// libcuda.so.1, so that they build without CUDA headers and run (CPU only) on machines with no driver. The prototypes are declared here
-// by hand from the driver API's documented signatures; the handle types are opaque pointers.
+// libcuda.so.1, so that they build without CUDA headers and run (CPU only) on machines with no driver. The
+// prototypes are declared here by hand from the driver API's documented signatures; the handle types are opaque
+// pointers.
 #pragma once
 
 #include <cstddef>

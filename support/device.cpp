@@ -155,8 +155,8 @@ bool DeviceCase::alloc(size_t bytes, void** p, std::string* err) {
   *p = nullptr;
   if (bytes == 0) return true;
   if (target_.kind == SELSCAN_DEVICE_CPU) {
-    // 64-byte alignment: what a caller's allocator would give; keeps the CPU path on its vector loads.
-    *p = ::operator new(bytes, std::align_val_t(64), std::nothrow);
+    // The workspace alignment the ABI asks for, for every buffer (tensors only need their element's).
+    *p = ::operator new(bytes, std::align_val_t(SELSCAN_WORKSPACE_ALIGNMENT), std::nothrow);
     if (*p == nullptr) {
       *err = fmt::format("out of host memory allocating {} bytes", bytes);
       return false;
@@ -176,7 +176,7 @@ bool DeviceCase::alloc(size_t bytes, void** p, std::string* err) {
 
 void DeviceCase::release(void* p) {
   if (p == nullptr) return;
-  if (target_.kind == SELSCAN_DEVICE_CPU) ::operator delete(p, std::align_val_t(64));
+  if (target_.kind == SELSCAN_DEVICE_CPU) ::operator delete(p, std::align_val_t(SELSCAN_WORKSPACE_ALIGNMENT));
   else driver().cuMemFree(reinterpret_cast<CUdeviceptr>(p));
 }
 

@@ -106,6 +106,7 @@ class DeviceCase {
 
   const CaseSpec& spec() const { return spec_; }
   const Target& target() const { return target_; }
+  bool allocated(int t) const { return ptr_[t] != nullptr; }
   const selscan_fwd_args_t& fwd_args() const { return fa_; }
   const selscan_bwd_args_t& bwd_args() const { return ba_; }
   const selscan_exec_t& exec() const { return exec_; }

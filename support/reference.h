@@ -1,7 +1,8 @@
 // The float64 reference that tests, `selscan run` and `selscan doctor` judge the library by: a plain sequential
 // recurrence of the selective scan (forward, last state, chunk states) and its reverse mode, written from the
-// math (docs/numerics.md) with straightforward loops. It shares no code with src/. Real and complex weights run through the same complex<double> code: for real weights
-// every value has imaginary part 0 and the output factor kappa is 1 (complex: y += 2 Re(h C), kappa = 2).
+// math (docs/numerics.md) with straightforward loops. It shares no code with src/. Real and complex weights run
+// through the same complex<double> code: for real weights every value has imaginary part 0 and the output
+// factor kappa is 1 (complex: y += 2 Re(h C), kappa = 2).
 //
 // It always scans the true state h (B applied inside b̄); the upstream fold_B convention appears only in the
 // chunk states xH (= h / B[d,n] when B is constant and there is no h0).

@@ -214,8 +214,9 @@ void generate(const Cfg& c, Host& h) {
     h.A[i * cw] = -0.5f * ud(rng);
     if (c.complex) h.A[i * cw + 1] = 2.f * ud(rng) - 1.f;
   }
-  fill(h.B, c.var_B ? c.batch * c.groups * c.dstate * c.seqlen * cw : c.dim * c.dstate * cw, c.var_B ? it : f32, [&] { return nd(rng); });
-  fill(h.C, c.var_C ? c.batch * c.groups * c.dstate * c.seqlen * cw : c.dim * c.dstate * cw, c.var_C ? it : f32, [&] { return nd(rng); });
+  const int64_t var_n = c.batch * c.groups * c.dstate * c.seqlen * cw, const_n = c.dim * c.dstate * cw;
+  fill(h.B, c.var_B ? var_n : const_n, c.var_B ? it : f32, [&] { return nd(rng); });
+  fill(h.C, c.var_C ? var_n : const_n, c.var_C ? it : f32, [&] { return nd(rng); });
   if (c.has_D) fill(h.Dv, c.dim, f32, [&] { return nd(rng); });
   if (c.has_delta_bias) fill(h.bias, c.dim, f32, [&] { return 0.5f * ud(rng); });
   if (c.has_h0) fill(h.h0, c.batch * c.dim * c.dstate * cw, f32, [&] { return nd(rng); });
