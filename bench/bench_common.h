@@ -6,13 +6,20 @@
 #include <memory>
 #include <string>
 
+#include "support/abi.h"
 #include "support/bench.h"
+#include "support/dtype.h"
 
 namespace selscan_bench {
 
 using selscan_support::BenchRun;
 using selscan_support::CaseSpec;
+using selscan_support::contiguous_desc;
+using selscan_support::dtype_size;
+using selscan_support::fill_uniform;
+using selscan_support::input_range;
 using selscan_support::Mode;
+using selscan_support::Range;
 using selscan_support::Target;
 
 // Benchmark names are "<section>/<mode>/<itype>/<shape>[/...]"; bench/report.py parses them back, so keep the

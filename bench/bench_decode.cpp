@@ -43,15 +43,15 @@ double median_of(std::vector<double> v) {
 }
 
 int64_t state_bytes(int64_t batch, selscan_dtype_t state_dtype) {
-  return batch * kDim * kDstate * dtype_bytes(state_dtype);
+  return batch * kDim * kDstate * dtype_size(state_dtype);
 }
 
 // Bytes one call moves at least: the state read and written, the (Bt, D) inputs and output, B and C, A, D and
 // dt_bias.
 double call_bytes(int64_t batch, selscan_dtype_t state_dtype, selscan_dtype_t itype) {
-  const double io = static_cast<double>(batch * kDim * dtype_bytes(itype));
+  const double io = static_cast<double>(batch * kDim * dtype_size(itype));
   return 2.0 * static_cast<double>(state_bytes(batch, state_dtype)) + 4.0 * io /* x dt z out */ +
-         2.0 * static_cast<double>(batch * kDstate * dtype_bytes(itype)) + 4.0 * kDim * kDstate + 8.0 * kDim;
+         2.0 * static_cast<double>(batch * kDstate * dtype_size(itype)) + 4.0 * kDim * kDstate + 8.0 * kDim;
 }
 
 // The call's struct over a state pool: sequences use slots [first, first + Bt), or the slots in `idx`.
@@ -59,43 +59,45 @@ selscan_state_update_args_t decode_args(void* const* in, void* state, int64_t sl
                                         int64_t batch, int64_t first, void* idx, void* out) {
   const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16;
   selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
-  a.x = tensor(in[0], it, {batch, kDim});
-  a.dt = tensor(in[1], it, {batch, kDim});
-  a.z = tensor(in[2], it, {batch, kDim});
-  a.B = tensor(in[3], it, {batch, kDstate});
-  a.C = tensor(in[4], it, {batch, kDstate});
-  a.A = tensor(in[5], SELSCAN_DTYPE_FLOAT32, {kDim, kDstate});
-  a.D = tensor(in[6], SELSCAN_DTYPE_FLOAT32, {kDim});
-  a.dt_bias = tensor(in[7], SELSCAN_DTYPE_FLOAT32, {kDim});
+  a.x = contiguous_desc(in[0], it, {batch, kDim});
+  a.dt = contiguous_desc(in[1], it, {batch, kDim});
+  a.z = contiguous_desc(in[2], it, {batch, kDim});
+  a.B = contiguous_desc(in[3], it, {batch, kDstate});
+  a.C = contiguous_desc(in[4], it, {batch, kDstate});
+  a.A = contiguous_desc(in[5], SELSCAN_DTYPE_FLOAT32, {kDim, kDstate});
+  a.D = contiguous_desc(in[6], SELSCAN_DTYPE_FLOAT32, {kDim});
+  a.dt_bias = contiguous_desc(in[7], SELSCAN_DTYPE_FLOAT32, {kDim});
   a.dt_softplus = 1;
-  a.out = tensor(out, it, {batch, kDim});
+  a.out = contiguous_desc(out, it, {batch, kDim});
   const int64_t slot_elems = kDim * kDstate;
   if (idx != nullptr) {
-    a.state = tensor(state, state_dtype, {slots, kDim, kDstate});
-    a.state_batch_indices = tensor(idx, SELSCAN_DTYPE_INT32, {batch});
+    a.state = contiguous_desc(state, state_dtype, {slots, kDim, kDstate});
+    a.state_batch_indices = contiguous_desc(idx, SELSCAN_DTYPE_INT32, {batch});
   } else {
-    a.state = tensor(static_cast<unsigned char*>(state) + first * slot_elems * dtype_bytes(state_dtype), state_dtype,
-                     {batch, kDim, kDstate});
+    unsigned char* window = static_cast<unsigned char*>(state) + first * slot_elems * dtype_size(state_dtype);
+    a.state = contiguous_desc(window, state_dtype, {batch, kDim, kDstate});
   }
   return a;
 }
 
-// Host buffers of the inputs (values in the ranges of bench_common.h).
+// Host buffers of the inputs (values in the benchmark ranges, support/bench.h).
 struct HostInputs {
   std::vector<std::vector<unsigned char>> bufs;
   explicit HostInputs(int64_t batch) {
     const selscan_dtype_t bf = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
+    using selscan_support::kB, selscan_support::kBias, selscan_support::kD, selscan_support::kDelta,
+        selscan_support::kU, selscan_support::kZ;
     const struct {
       selscan_dtype_t t;
       int64_t n;
       Range r;
-    } spec[] = {{bf, batch * kDim, range_u()},     {bf, batch * kDim, range_delta()},
-                {bf, batch * kDim, range_z()},     {bf, batch * kDstate, range_bc()},
-                {bf, batch * kDstate, range_bc()}, {f32, kDim * kDstate, {-2.f, -0.1f}},
-                {f32, kDim, range_D()},            {f32, kDim, range_bias()}};
+    } spec[] = {{bf, batch * kDim, input_range(kU)},     {bf, batch * kDim, input_range(kDelta)},
+                {bf, batch * kDim, input_range(kZ)},     {bf, batch * kDstate, input_range(kB)},
+                {bf, batch * kDstate, input_range(kB)}, {f32, kDim * kDstate, {-2.f, -0.1f}},
+                {f32, kDim, input_range(kD)},            {f32, kDim, input_range(kBias)}};
     uint64_t seed = 11;
     for (const auto& s : spec) {
-      bufs.emplace_back(static_cast<size_t>(s.n * dtype_bytes(s.t)));
+      bufs.emplace_back(static_cast<size_t>(s.n * dtype_size(s.t)));
       fill_uniform(bufs.back().data(), s.t, s.n, s.r.lo, s.r.hi, ++seed);
     }
   }
@@ -206,7 +208,7 @@ void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool
     ptrs[i] = dev.alloc(h.size());
     if (ptrs[i]) cudaMemcpy(ptrs[i], h.data(), h.size(), cudaMemcpyHostToDevice);
   }
-  const int64_t slot_bytes = kDim * kDstate * dtype_bytes(sd);
+  const int64_t slot_bytes = kDim * kDstate * dtype_size(sd);
   const double set_bytes = static_cast<double>(batch * slot_bytes);
   const int64_t windows = std::max<int64_t>(kCalls + 1, static_cast<int64_t>(std::ceil(kMinPoolBytes / set_bytes)));
   const int64_t slots = windows * batch;

@@ -29,8 +29,18 @@ CaseSpec spec_for(CaseSpec s, Mode m);
 // only when L > 2048). docs/performance.md, "Counters".
 double min_bytes(const CaseSpec& s, Mode m);
 
-// Fills every input of `c` with the benchmark values: realistic and finite, so that a non-finite output means
-// a broken call (docs/performance.md, "Method"). The backward's out and x come from a forward, not from here.
+// The benchmark values of input tensor t (TensorId): u and z in +-2; delta in [-3, -1] with delta_bias in
+// [-1, 0] through softplus (delta 0.02-0.3, Mamba's dt range); B, C and dout in +-1; D in [0.5, 1.5]. (A is
+// -(n + 1), S4D-real style.) Realistic and finite, so that a non-finite output means a broken call.
+struct Range {
+  double lo, hi;
+};
+Range input_range(int t);
+// n values of `dtype` (fp32, fp16, bf16) at dst, uniform in [lo, hi), seeded.
+void fill_uniform(void* dst, int32_t dtype, int64_t n, double lo, double hi, uint64_t seed);
+
+// Fills every input of `c` with the benchmark values (input_range; docs/performance.md, "Method"). The backward's
+// out and x come from a forward, not from here.
 bool fill_bench_inputs(DeviceCase& c, std::string* err);
 
 // One row of bench_shapes.def.

@@ -6,7 +6,8 @@ int64_t dtype_size(int32_t dtype) {
   switch (dtype) {
     case SELSCAN_DTYPE_FLOAT16:
     case SELSCAN_DTYPE_BFLOAT16: return 2;
-    case SELSCAN_DTYPE_COMPLEX64: return 8;
+    case SELSCAN_DTYPE_COMPLEX64:
+    case SELSCAN_DTYPE_INT64: return 8;
     default: return 4;
   }
 }
@@ -17,6 +18,8 @@ const char* dtype_name(int32_t dtype) {
     case SELSCAN_DTYPE_FLOAT16: return "fp16";
     case SELSCAN_DTYPE_BFLOAT16: return "bf16";
     case SELSCAN_DTYPE_COMPLEX64: return "c64";
+    case SELSCAN_DTYPE_INT32: return "i32";
+    case SELSCAN_DTYPE_INT64: return "i64";
     default: return "?";
   }
 }

@@ -12,9 +12,9 @@
 
 namespace selscan_support {
 
-// Bytes of one element (complex64: 8).
+// Bytes of one element (complex64 and int64: 8).
 int64_t dtype_size(int32_t dtype);
-// "fp32", "fp16", "bf16", "c64"; "?" for anything else.
+// "fp32", "fp16", "bf16", "c64", "i32", "i64"; "?" for anything else.
 const char* dtype_name(int32_t dtype);
 // fp32 / float32 / float, fp16 / float16 / half, bf16 / bfloat16 (the input types). False for anything else.
 bool parse_dtype(const std::string& text, int32_t* dtype);

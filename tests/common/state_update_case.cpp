@@ -103,7 +103,7 @@ std::string StateUpdateSpec::str() const {
   std::ostringstream os;
   os << (heads ? "heads" : "mamba1") << " Bt=" << batch << " T=" << tokens << (tokens_dim ? "(dim)" : "")
      << " H=" << nheads << " P=" << (heads ? headdim : 1) << " N=" << dstate << " G=" << groups
-     << (groups_dim ? "(dim)" : "") << " x=" << dtype_str(itype) << " state=" << dtype_str(state_dtype)
+     << (groups_dim ? "(dim)" : "") << " x=" << dtype_name(itype) << " state=" << dtype_name(state_dtype)
      << (has_D ? " D" : "") << (has_z ? " z" : "") << (has_bias ? " bias" : "") << (softplus ? " softplus" : "")
      << " pool=" << pool << (pool > 0 ? (idx_dtype == SELSCAN_DTYPE_INT64 ? "(i64)" : "(i32)") : "")
      << (broadcast ? " broadcast" : "") << (padded ? " padded" : "") << " seed=" << seed;
@@ -407,7 +407,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
     for (bool z : {false, true}) {
       StateUpdateSpec s;
       s.batch = 3, s.nheads = 24, s.dstate = 16, s.itype = it, s.state_dtype = sd, s.has_z = z;
-      add(std::string("mamba1_x") + dtype_str(it) + "_state" + dtype_str(sd) + (z ? "_z" : ""), s);
+      add(std::string("mamba1_x") + dtype_name(it) + "_state" + dtype_name(sd) + (z ? "_z" : ""), s);
     }
   for (int32_t it : {kF32, kBF16})
     for (int64_t G : {1, 2, 3})
@@ -415,7 +415,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
         StateUpdateSpec s;
         s.heads = true, s.batch = 2, s.nheads = 6, s.headdim = 8, s.dstate = 16, s.groups = G, s.groups_dim = true;
         s.itype = it, s.has_z = true, s.broadcast = bcast;
-        add(std::string("heads_") + dtype_str(it) + "_G" + std::to_string(G) + (bcast ? "_broadcast" : ""), s);
+        add(std::string("heads_") + dtype_name(it) + "_G" + std::to_string(G) + (bcast ? "_broadcast" : ""), s);
       }
   for (int64_t G : {1, 4}) {
     StateUpdateSpec s;
@@ -435,7 +435,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
         StateUpdateSpec s;
         s.heads = heads, s.batch = 3, s.tokens = T, s.tokens_dim = true, s.nheads = 4, s.headdim = 4;
         s.itype = kBF16, s.state_dtype = sd, s.has_z = true, s.groups = 2;
-        add(std::string(heads ? "heads" : "mamba1") + "_tokens" + std::to_string(T) + "_state" + dtype_str(sd), s);
+        add(std::string(heads ? "heads" : "mamba1") + "_tokens" + std::to_string(T) + "_state" + dtype_name(sd), s);
       }
   for (int64_t N : {1, 4, 12, 16, 24, 64, 256})
     for (bool heads : {false, true}) {
@@ -451,7 +451,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
       s.bc_dtype = (mask & 1) ? kF32 : it;
       s.dt_dtype = (mask & 2) ? kF32 : it;
       s.z_dtype = (mask & 4) ? kF32 : it;
-      add(std::string("mixed_") + dtype_str(it) + "_" + std::to_string(mask), s);
+      add(std::string("mixed_") + dtype_name(it) + "_" + std::to_string(mask), s);
     }
   for (int32_t idt : {SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64})
     for (int64_t stride : {1, 3})
@@ -484,7 +484,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
       StateUpdateSpec s;
       s.heads = heads, s.padded = true, s.itype = kF16, s.state_dtype = sd, s.headdim = 4, s.tokens = 3;
       s.pool = 7, s.has_z = true, s.groups = 2;
-      add(std::string(heads ? "heads" : "mamba1") + "_padded_state" + dtype_str(sd), s);
+      add(std::string(heads ? "heads" : "mamba1") + "_padded_state" + dtype_name(sd), s);
     }
   return m;
 }
@@ -492,7 +492,7 @@ std::vector<NamedStateUpdateSpec> state_update_matrix() {
 std::string PrefillDecodeSpec::str() const {
   std::ostringstream os;
   os << "Bt=" << batch << " D=" << dim << " N=" << dstate << " G=" << groups << " L=" << prefill << "+" << steps
-     << " (" << tokens_per_call << " per call) " << dtype_str(itype) << (has_D ? " D" : "") << (has_z ? " z" : "")
+     << " (" << tokens_per_call << " per call) " << dtype_name(itype) << (has_D ? " D" : "") << (has_z ? " z" : "")
      << (has_bias ? " bias" : "") << (softplus ? " softplus" : "") << " seed=" << seed;
   return os.str();
 }
