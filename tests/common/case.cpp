@@ -210,6 +210,14 @@ CaseSpec l4500_complex_h0_f16(uint64_t seed) {
   return s;
 }
 
+selscan_exec_t cuda_exec(void* stream, int32_t device) {
+  selscan_exec_t e = SELSCAN_EXEC_INIT;
+  e.device_kind = SELSCAN_DEVICE_CUDA;
+  e.device_index = device;
+  e.stream = stream;
+  return e;
+}
+
 void* host_ptr(Tensor& t) { return t.present() ? t.storage.data() : nullptr; }
 
 void poison(const std::vector<Tensor*>& ts) {

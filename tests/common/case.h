@@ -65,8 +65,9 @@ struct DeviceMemory {
 selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr);
 selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic = true,
                          const DeviceMemory* dev = nullptr);
-// CPU exec with `threads` workers.
+// CPU exec with `threads` workers; CUDA exec on `device` with `stream` (a cudaStream_t; NULL: the legacy stream).
 selscan_exec_t cpu_exec(int threads = 0);
+selscan_exec_t cuda_exec(void* stream = nullptr, int32_t device = 0);
 
 // The oracle's view of the stored (rounded) inputs, and the oracle's dout.
 RefProblem ref_problem(const Case& c);

@@ -72,14 +72,6 @@ class DeviceCopy {
   std::map<Tensor*, unsigned char*> base_;
 };
 
-selscan_exec_t cuda_exec(cudaStream_t stream = nullptr) {
-  selscan_exec_t e = SELSCAN_EXEC_INIT;
-  e.device_kind = SELSCAN_DEVICE_CUDA;
-  e.device_index = 0;
-  e.stream = stream;
-  return e;
-}
-
 // Poisons the outputs, runs selscan_fwd on the GPU and brings the outputs back into c's host storage.
 selscan_status_t run_gpu(Case& c, DeviceCopy& dev) {
   poison(c.fwd_outputs());

@@ -30,14 +30,6 @@ const DeviceMemory& cuda_memory() {
   return m;
 }
 
-selscan_exec_t cuda_exec(cudaStream_t stream = nullptr) {
-  selscan_exec_t e = SELSCAN_EXEC_INIT;
-  e.device_kind = SELSCAN_DEVICE_CUDA;
-  e.device_index = 0;
-  e.stream = stream;
-  return e;
-}
-
 void run_and_check(const StateUpdateSpec& spec, bool misalign) {
   const StateUpdateCase before = make_state_update_case(spec);
   StateUpdateCase c = before;
