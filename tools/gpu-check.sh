@@ -2,7 +2,7 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python pyhost hf ddp all (default: all)
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
-#      GOLDEN (golden vectors dir, default ../shared/golden or ./.golden), BENCH_FILTER (default all).
+#      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 # Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
@@ -14,9 +14,7 @@ OUT=${OUT:-$PWD/gpu-check-out}
 ARCH=${ARCH:-9.0}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build/gpu-check}
-if [ -z "${GOLDEN:-}" ]; then
-  if [ -d ../shared/golden ]; then GOLDEN=$(cd ../shared/golden && pwd); else GOLDEN=$PWD/.golden; fi
-fi
+GOLDEN=${GOLDEN:-$PWD/tests/data/golden}
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
 want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
 mkdir -p "$OUT"

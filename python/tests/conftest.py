@@ -28,7 +28,7 @@ def torch_cuda_skip_reason():
 
 
 def golden_dir():
-    return os.environ.get("SELSCAN_GOLDEN_DIR") or os.path.join(REPO, "..", "shared", "golden")
+    return os.environ.get("SELSCAN_GOLDEN_DIR") or os.path.join(REPO, "tests", "data", "golden")
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """Every golden case (inputs and outputs of upstream's selective_scan_cuda) through the binding, with the
-tolerances upstream's own tests use. Directory: $SELSCAN_GOLDEN_DIR, else <repo>/../shared/golden."""
+tolerances upstream's own tests use. Directory: $SELSCAN_GOLDEN_DIR, else <repo>/tests/data/golden."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-// Tolerances (upstream's tables, shared/golden/README.md), the conditioning-aware bound of out/out_z, and a
+// Tolerances (upstream's tables, tests/data/golden/README.md), the conditioning-aware bound of out/out_z, and a
 // GoogleTest allclose with a useful message.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The upstream golden vectors (shared/golden/<case>/: case.json + .npy files) as test Cases.
+// The upstream golden vectors (tests/data/golden/<case>/: case.json + .npy files) as test Cases.
 #pragma once
 
 #include <map>

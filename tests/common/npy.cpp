@@ -78,7 +78,7 @@ std::string golden_dir() {
 #ifdef SELSCAN_GOLDEN_DIR
   return SELSCAN_GOLDEN_DIR;
 #else
-  return "../shared/golden";
+  return "tests/data/golden";  // relative to the repository root
 #endif
 }
 

@@ -1,4 +1,4 @@
-// Every upstream golden case (shared/golden): the CPU forward and backward vs the outputs of upstream's
+// Every upstream golden case (tests/data/golden): the CPU forward and backward vs the outputs of upstream's
 // selective_scan_cuda, at upstream's own tolerances.
 #include <gtest/gtest.h>
 

@@ -327,7 +327,7 @@ TEST(GpuFwd, CapturedInCudaGraph) {
 }
 
 // ---------------------------------------------------------------------------------------------- golden
-// Upstream's own outputs for the same inputs (shared/golden). out.npy is the final output (out_z with z).
+// Upstream's own outputs for the same inputs (tests/data/golden). out.npy is the final output (out_z with z).
 class GpuFwdGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuFwdGolden, MatchesUpstream) {
