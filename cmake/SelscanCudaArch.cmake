@@ -71,7 +71,8 @@ function(selscan_resolve_arch_list cache_value env_value default_value out_list 
   endif()
 endfunction()
 
-# A sensible list for a toolkit when neither the user nor the preset gave one (mirrors CMakePresets.json).
+# The per-toolkit default list, used when neither the user nor a preset (dev, ci) gave one: what the cuda-X.Y
+# presets, the release wheel (tools/build-wheel.sh) and a plain `pip install` build. The one place these lists live.
 function(selscan_default_arch_list version out)
   if(version VERSION_LESS 12.8)
     set(${out} "7.5;8.0;8.6;8.9;9.0+PTX" PARENT_SCOPE)

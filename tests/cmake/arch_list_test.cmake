@@ -119,7 +119,7 @@ foreach(cuda 11.8 12.4 12.8 12.9 13.0)
   endif()
 endforeach()
 
-# ---- each cuda-X.Y preset's default list equals the module's default for X.Y (one truth, two places)
+# ---- the per-toolkit defaults live only in the module: each cuda-X.Y preset names its toolkit and no arch list
 file(READ "${SELSCAN_SOURCE_DIR}/CMakePresets.json" presets)
 string(JSON n LENGTH "${presets}" configurePresets)
 math(EXPR last "${n} - 1")
@@ -130,11 +130,18 @@ foreach(i RANGE ${last})
     continue()
   endif()
   set(cuda "${CMAKE_MATCH_1}")
-  string(JSON preset_list ERROR_VARIABLE json_err GET "${presets}" configurePresets ${i} cacheVariables
+  string(JSON preset_list ERROR_VARIABLE no_list GET "${presets}" configurePresets ${i} cacheVariables
          SELSCAN_CUDA_ARCH_DEFAULT)
-  selscan_default_arch_list(${cuda} module_list)
-  if(json_err OR NOT preset_list STREQUAL module_list)
-    message(SEND_ERROR "preset ${name}: SELSCAN_CUDA_ARCH_DEFAULT '${preset_list}' ${json_err}, module default '${module_list}'")
+  if(NOT no_list)
+    message(SEND_ERROR "preset ${name} sets SELSCAN_CUDA_ARCH_DEFAULT '${preset_list}': the per-toolkit default "
+                       "belongs in cmake/SelscanCudaArch.cmake only")
+  endif()
+  string(JSON wanted ERROR_VARIABLE json_err GET "${presets}" configurePresets ${i} cacheVariables
+         SELSCAN_CUDA_TOOLKIT_VERSION)
+  if(json_err)
+    message(SEND_ERROR "preset ${name} does not set SELSCAN_CUDA_TOOLKIT_VERSION (${json_err})")
+  elseif(NOT wanted STREQUAL cuda)
+    message(SEND_ERROR "preset ${name}: SELSCAN_CUDA_TOOLKIT_VERSION is '${wanted}', want '${cuda}'")
   endif()
   math(EXPR checked "${checked} + 1")
 endforeach()
