@@ -190,6 +190,24 @@ std::vector<std::string> mapped_libraries(const std::string& needle) {
   return {found.begin(), found.end()};
 }
 
+// The oldest NVIDIA driver branch that runs code built with CUDA `built`: from CUDA 11 on, a driver of the
+// major version's first branch runs every minor release of it (minor-version compatibility; NVIDIA's table:
+// 11.x >= 450.80.02, 12.x >= 525, 13.x >= 580). "" for a toolkit this table does not cover.
+std::string min_driver(const Version& built) {
+  switch (built.major) {
+    case 11: return "R450 (450.80.02)";
+    case 12: return "R525";
+    case 13: return "R580";
+    default: return "";
+  }
+}
+
+// How to get a library that an older driver runs: the same source built with an older toolkit.
+constexpr const char kOlderDriverHint[] =
+    "for an older driver build with an older toolkit (CUDA 12.x runs on R525+, 11.8 on R450+): put its nvcc on "
+    "PATH and run `SELSCAN_CUDA_ARCH_LIST=\"8.0;9.0+PTX\" pip install --no-binary selscan selscan`, or "
+    "`cmake --workflow --preset cuda-12.4`";
+
 // ------------------------------------------------------------------------------------------- facts
 struct LibraryFacts {
   std::string path, version_string, build_info;
@@ -249,8 +267,15 @@ LibraryFacts library_facts(Report& r) {
                                    vtext(hv), vtext(f.version)));
   }
   r.add(Level::info, fmt::format("build: {}", f.build_info));
-  if (f.cuda_toolkit.empty() || f.cuda_toolkit == "none")
+  if (f.cuda_toolkit.empty() || f.cuda_toolkit == "none") {
     r.add(Level::info, "CPU-only build (no CUDA): GPUs are not used; the CUDA presets build the GPU path");
+  } else {
+    const Version built = parse_version(f.cuda_toolkit);
+    const std::string floor = min_driver(built);
+    if (!floor.empty())
+      r.add(Level::info, fmt::format("built with CUDA {}: its GPU path needs an NVIDIA driver {} or newer; {}",
+                                     built.text(), floor, kOlderDriverHint));
+  }
   // Kernel-choice overrides (docs/abi.md): results stay within tolerance, but timings differ from a default run.
   for (const char* var : {"SELSCAN_FWD_KERNEL", "SELSCAN_BWD_KERNEL", "SELSCAN_CPU_KERNELS"}) {
     const char* v = std::getenv(var);
@@ -299,8 +324,10 @@ DriverFacts driver_facts(Report& r, const LibraryFacts& lib) {
   if (built.valid()) {
     if (drv.major < built.major)
       r.add(Level::fail, fmt::format("libselscan was built with CUDA {} but the driver supports only CUDA {}: "
-                                     "update the driver, or rebuild with a CUDA {}.x toolkit preset",
-                                     built.text(), drv.text(), drv.major));
+                                     "update the driver{}, or rebuild with a CUDA {}.x toolkit: {}",
+                                     built.text(), drv.text(),
+                                     min_driver(built).empty() ? "" : " to " + min_driver(built) + " or newer",
+                                     drv.major, kOlderDriverHint));
     else if (drv < built)
       r.add(Level::warn, fmt::format("built with CUDA {}, driver supports {}: runs under minor-version "
                                      "compatibility, but PTX cannot be JIT-compiled; update the driver if a device "
@@ -583,7 +610,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
     j.object("library")
         .str("path", lib.path).str("version", lib.version_string).integer("version_number", lib.version)
         .integer("header_version", SELSCAN_VERSION).str("build_info", lib.build_info)
-        .str("cuda_toolkit", lib.cuda_toolkit).str("sass", lib.sass).str("ptx", lib.ptx).end();
+        .str("cuda_toolkit", lib.cuda_toolkit).str("sass", lib.sass).str("ptx", lib.ptx)
+        .str("min_driver", min_driver(parse_version(lib.cuda_toolkit))).end();
     j.object("driver").boolean("loaded", drv.loaded).boolean("initialised", drv.initialised)
         .str("libcuda", drv.libcuda_path).str("kernel_module", drv.kernel_module);
     if (drv.cuda_version > 0) j.str("cuda_version", cuda_version_text(drv.cuda_version));

@@ -143,24 +143,40 @@ def _lib_names():
     return ["libselscan.so", "libselscan.so.*"]
 
 
+def _source_checkout(pkg_dir):
+    """The repository root when this package is python/selscan of a source checkout, else None."""
+    repo = os.path.dirname(os.path.dirname(pkg_dir))
+    if os.path.basename(os.path.dirname(pkg_dir)) != "python":
+        return None
+    if not os.path.isfile(os.path.join(repo, "include", "selscan", "selscan.h")):
+        return None
+    return repo
+
+
 def candidate_paths():
-    """Where the library is looked for, in order: $SELSCAN_LIBRARY, beside the package, the build tree."""
+    """Where the library is looked for, in order. $SELSCAN_LIBRARY alone when set; else the copy beside the
+    package (an installed package always has one, and then nothing else is tried); else, in a source checkout
+    only, the build trees under <repo>/build, most recently built first."""
     env = os.environ.get("SELSCAN_LIBRARY")
     if env:
         # An explicit choice is never silently replaced by another copy.
         return [env]
     pkg_dir = os.path.dirname(os.path.abspath(__file__))
-    found = []
+    packaged = []
     for pattern in _lib_names():
-        found += sorted(glob.glob(os.path.join(pkg_dir, pattern)))
-    repo = os.path.dirname(os.path.dirname(pkg_dir))
+        packaged += sorted(glob.glob(os.path.join(pkg_dir, pattern)))
+    if packaged:
+        return packaged
+    repo = _source_checkout(pkg_dir)
+    if repo is None:
+        return []
     build = []
     for pattern in _lib_names():
         build += glob.glob(os.path.join(repo, "build", "*", pattern))
         build += glob.glob(os.path.join(repo, "build", "*", "*", pattern))
-    # Newest build first: after a rebuild that is the one the developer means.
+    # Newest first: after a rebuild that is the one the developer means (selscan.library_path says which).
     build.sort(key=lambda p: os.path.getmtime(p), reverse=True)
-    return found + build
+    return build
 
 
 def _declare(lib):
@@ -186,6 +202,17 @@ def _declare(lib):
         fn.argtypes = args
 
 
+_HOW_TO_FIX = (
+    "To fix: install the package, which builds the library and puts it inside selscan/ (pip install selscan, or "
+    "pip install . in a checkout; pip install -v shows whether CUDA was found); in a source checkout, build it "
+    "(cmake --workflow --preset cpu, or --preset ci with CUDA) so that build/<preset>/libselscan.so exists; or set "
+    "SELSCAN_LIBRARY to the path of a libselscan.so. The library loads without an NVIDIA driver (then only the "
+    "CPU path runs); its GPU path needs an R580+ driver when built with CUDA 13, R525+ with CUDA 12.x, R450+ with "
+    "CUDA 11.8. For an older driver build with an older toolkit: put its nvcc on PATH and run "
+    "pip install --no-binary selscan selscan (or cmake --workflow --preset cuda-12.4); selscan doctor says what "
+    "the loaded library needs.")
+
+
 def _load():
     tried = []
     for path in candidate_paths():
@@ -199,10 +226,14 @@ def _load():
             tried.append(f"{path} ({exc})")
             continue
         return lib, os.path.abspath(path)
-    where = "; ".join(tried) if tried else "no libselscan found beside the package or under build/*/"
-    raise ImportError(
-        "selscan: cannot load libselscan. Build it (cmake --preset cpu && cmake --build --preset cpu) and/or "
-        f"set SELSCAN_LIBRARY to the path of libselscan.so. Tried: {where}")
+    if tried:
+        where = "; ".join(tried)
+    else:
+        pkg_dir = os.path.dirname(os.path.abspath(__file__))
+        where = f"SELSCAN_LIBRARY is not set, no libselscan beside the package ({pkg_dir})"
+        repo = _source_checkout(pkg_dir)
+        where += f", none under {os.path.join(repo, 'build')}/*/" if repo else " (not a source checkout)"
+    raise ImportError(f"selscan: cannot load libselscan. Tried: {where}. {_HOW_TO_FIX}")
 
 
 lib, library_path = _load()
