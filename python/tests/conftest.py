@@ -27,6 +27,13 @@ def torch_cuda_skip_reason():
     return None
 
 
+def pytest_report_header(config):
+    """Which package and library the run tests (the source tree's or an installed one)."""
+    import selscan
+    return [f"selscan {selscan.version()}: package {os.path.dirname(selscan.__file__)}",
+            f"library {selscan.library_path} ({selscan.build_info()})"]
+
+
 def golden_dir():
     return os.environ.get("SELSCAN_GOLDEN_DIR") or os.path.join(REPO, "tests", "data", "golden")
 

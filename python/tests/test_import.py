@@ -17,7 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    # The package under test (the source tree's or an installed one), not necessarily <repo>/python.
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(selscan.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
     env["SELSCAN_LIBRARY"] = selscan.library_path
     return env
 
@@ -53,8 +54,8 @@ def test_missing_library_is_a_clear_import_error():
 
 def test_library_found_beside_the_package():
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copytree(os.path.join(REPO, "python", "selscan"), os.path.join(tmp, "selscan"),
-                        ignore=shutil.ignore_patterns("__pycache__", "libselscan*"))
+        shutil.copytree(os.path.dirname(selscan.__file__), os.path.join(tmp, "selscan"),
+                        ignore=shutil.ignore_patterns("__pycache__", "libselscan*", "bin"))
         shutil.copy(selscan.library_path, os.path.join(tmp, "selscan", "libselscan.so"))
         env = dict(os.environ, PYTHONPATH=tmp)
         env.pop("SELSCAN_LIBRARY", None)
@@ -62,6 +63,57 @@ def test_library_found_beside_the_package():
                            capture_output=True, text=True, cwd=tmp)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == os.path.join(tmp, "selscan", "libselscan.so")
+
+
+def _copy_package(dest):
+    """The package under test at `dest`, without its library or command."""
+    shutil.copytree(os.path.dirname(selscan.__file__), dest,
+                    ignore=shutil.ignore_patterns("__pycache__", "libselscan*", "bin"))
+
+
+def _library_path_seen_from(pythonpath):
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    env.pop("SELSCAN_LIBRARY", None)
+    return subprocess.run([sys.executable, "-c", "import selscan; print(selscan.library_path)"], env=env,
+                          capture_output=True, text=True, cwd=pythonpath)
+
+
+@pytest.mark.parametrize("packaged", [True, False])
+def test_source_checkout_prefers_the_packaged_library(packaged):
+    """In a source checkout a copy beside the package wins over every build tree, even a newer one; without it
+    the build tree's library is used."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = os.path.join(tmp, "python", "selscan")
+        _copy_package(pkg)
+        os.makedirs(os.path.join(tmp, "include", "selscan"))
+        open(os.path.join(tmp, "include", "selscan", "selscan.h"), "w").close()
+        build = os.path.join(tmp, "build", "some-preset")
+        os.makedirs(build)
+        shutil.copy(selscan.library_path, os.path.join(build, "libselscan.so"))
+        if packaged:
+            shutil.copy(selscan.library_path, os.path.join(pkg, "libselscan.so"))
+            later = os.path.getmtime(os.path.join(pkg, "libselscan.so")) + 100
+            os.utime(os.path.join(build, "libselscan.so"), (later, later))
+        r = _library_path_seen_from(os.path.join(tmp, "python"))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == os.path.join(pkg if packaged else build, "libselscan.so")
+
+
+def test_installed_package_without_library_says_what_was_tried_and_how_to_fix():
+    """Outside a source checkout (site-packages) no build tree is looked at: a missing library is an ImportError
+    naming what was tried, the fixes, and the driver each CUDA build needs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        site = os.path.join(tmp, "site-packages")
+        _copy_package(os.path.join(site, "selscan"))
+        os.makedirs(os.path.join(tmp, "build", "some-preset"))
+        shutil.copy(selscan.library_path, os.path.join(tmp, "build", "some-preset", "libselscan.so"))
+        r = _library_path_seen_from(site)
+        assert r.returncode != 0, r.stdout
+        err = r.stderr.splitlines()[-1]
+        assert err.startswith("ImportError: selscan: cannot load libselscan"), err
+        assert os.path.join(site, "selscan") in err and "not a source checkout" in err
+        for fix in ("pip install", "cmake --workflow --preset", "SELSCAN_LIBRARY", "R580", "R525"):
+            assert fix in err, fix
 
 
 def test_version_matches_header():
