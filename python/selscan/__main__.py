@@ -18,8 +18,9 @@ def command_candidates():
     env = os.environ.get("SELSCAN_LIBRARY")
     if env:
         found.append(os.path.join(os.path.dirname(os.path.abspath(env)), _EXE))
-    pkg_dir = os.path.dirname(os.path.abspath(__file__))
-    found.append(os.path.join(pkg_dir, "bin", _EXE))
+    pkg = sys.modules.get(__package__)
+    for pkg_dir in getattr(pkg, "__path__", [os.path.dirname(os.path.abspath(__file__))]):
+        found.append(os.path.join(pkg_dir, "bin", _EXE))
     if not env:
         # Loading the library is only needed to find a source checkout's build tree.
         try:

@@ -153,8 +153,17 @@ def _source_checkout(pkg_dir):
     return repo
 
 
+def package_dirs():
+    """The package's directories: this file's, and for an editable install (pip install -e) also the one in
+    site-packages that holds the built library."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pkg = sys.modules.get(__package__)
+    dirs = [os.path.abspath(d) for d in getattr(pkg, "__path__", [])]
+    return dirs if here in dirs else [here] + dirs
+
+
 def candidate_paths():
-    """Where the library is looked for, in order. $SELSCAN_LIBRARY alone when set; else the copy beside the
+    """Where the library is looked for, in order. $SELSCAN_LIBRARY alone when set; else the copy inside the
     package (an installed package always has one, and then nothing else is tried); else, in a source checkout
     only, the build trees under <repo>/build, most recently built first."""
     env = os.environ.get("SELSCAN_LIBRARY")
@@ -163,8 +172,9 @@ def candidate_paths():
         return [env]
     pkg_dir = os.path.dirname(os.path.abspath(__file__))
     packaged = []
-    for pattern in _lib_names():
-        packaged += sorted(glob.glob(os.path.join(pkg_dir, pattern)))
+    for d in package_dirs():
+        for pattern in _lib_names():
+            packaged += sorted(glob.glob(os.path.join(d, pattern)))
     if packaged:
         return packaged
     repo = _source_checkout(pkg_dir)
@@ -230,7 +240,7 @@ def _load():
         where = "; ".join(tried)
     else:
         pkg_dir = os.path.dirname(os.path.abspath(__file__))
-        where = f"SELSCAN_LIBRARY is not set, no libselscan beside the package ({pkg_dir})"
+        where = f"SELSCAN_LIBRARY is not set, no libselscan in the package ({', '.join(package_dirs())})"
         repo = _source_checkout(pkg_dir)
         where += f", none under {os.path.join(repo, 'build')}/*/" if repo else " (not a source checkout)"
     raise ImportError(f"selscan: cannot load libselscan. Tried: {where}. {_HOW_TO_FIX}")

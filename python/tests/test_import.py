@@ -52,19 +52,6 @@ def test_missing_library_is_a_clear_import_error():
     assert "SELSCAN_LIBRARY" in r.stderr and "/nonexistent/libselscan.so" in r.stderr
 
 
-def test_library_found_beside_the_package():
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copytree(os.path.dirname(selscan.__file__), os.path.join(tmp, "selscan"),
-                        ignore=shutil.ignore_patterns("__pycache__", "libselscan*", "bin"))
-        shutil.copy(selscan.library_path, os.path.join(tmp, "selscan", "libselscan.so"))
-        env = dict(os.environ, PYTHONPATH=tmp)
-        env.pop("SELSCAN_LIBRARY", None)
-        r = subprocess.run([sys.executable, "-c", "import selscan; print(selscan.library_path)"], env=env,
-                           capture_output=True, text=True, cwd=tmp)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == os.path.join(tmp, "selscan", "libselscan.so")
-
-
 def _copy_package(dest):
     """The package under test at `dest`, without its library or command."""
     shutil.copytree(os.path.dirname(selscan.__file__), dest,
@@ -72,10 +59,22 @@ def _copy_package(dest):
 
 
 def _library_path_seen_from(pythonpath):
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    """selscan.library_path in a fresh interpreter that sees only `pythonpath` and numpy: -S keeps site-packages'
+    .pth hooks (an editable install's finder) from importing another selscan."""
+    import numpy
+    env = dict(os.environ, PYTHONPATH=pythonpath + os.pathsep + os.path.dirname(os.path.dirname(numpy.__file__)))
     env.pop("SELSCAN_LIBRARY", None)
-    return subprocess.run([sys.executable, "-c", "import selscan; print(selscan.library_path)"], env=env,
+    return subprocess.run([sys.executable, "-S", "-c", "import selscan; print(selscan.library_path)"], env=env,
                           capture_output=True, text=True, cwd=pythonpath)
+
+
+def test_library_found_beside_the_package():
+    with tempfile.TemporaryDirectory() as tmp:
+        _copy_package(os.path.join(tmp, "selscan"))
+        shutil.copy(selscan.library_path, os.path.join(tmp, "selscan", "libselscan.so"))
+        r = _library_path_seen_from(tmp)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == os.path.join(tmp, "selscan", "libselscan.so")
 
 
 @pytest.mark.parametrize("packaged", [True, False])
