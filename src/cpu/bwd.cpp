@@ -258,8 +258,9 @@ Status bwd_impl(const Problem& p, int num_threads) {
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t d = d0 + r, row = task_b * D + d;
       const W* carry = s.carry.data() + r * Np;  // ā_0 dh_0: the gradient of h0
-      if (q.dh0.present())
-        for (int64_t n = 0; n < N; ++n) wstore(q.dh0, b * q.dh0.s[0] + d * q.dh0.s[1] + n * q.dh0.s[2], carry[n]);
+      if (q.dh0.present())  // 0 for a sequence that started from zero rather than its h0 row
+        for (int64_t n = 0; n < N; ++n)
+          wstore(q.dh0, b * q.dh0.s[0] + d * q.dh0.s[1] + n * q.dh0.s[2], seq.from_state ? carry[n] : W{});
       // Constant dB/dC of this row (see BwdChunkT for S1..S3).
       const W* S1 = s.S1.data() + r * Np;
       const W* S2 = s.S2.data() + r * Np;

@@ -36,6 +36,7 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
                     (p.init_i32 ? static_cast<const int32_t*>(p.has_init.p)[b * p.has_init.s[0]] != 0
                                 : static_cast<const unsigned char*>(p.has_init.p)[b * p.has_init.s[0]] != 0);
 
+  s.from_state = init && !s.pad && (p.h0.present() || p.ssm_states.present());
   Problem& q = s.q;
   q = p;
   q.batch = 1;

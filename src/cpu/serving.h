@@ -16,6 +16,7 @@ struct SeqProblem {
   int64_t start = 0;  // its offset along the packed time axis (0 in a dense-layout call)
   int64_t row = 0;    // its row of the packed (or batched) time-major tensors
   bool pad = false;   // a padding sequence: its outputs are 0, no state is read or written
+  bool from_state = true;  // it starts from its h0 row or slot (else from zero, and its dh0 row is 0)
 };
 
 // The host-readable index tensors of p (check_host_serving has validated them) give sequence b.
