@@ -425,7 +425,8 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   // Chunk seeds are needed when a sequence may span chunks.
   const bool has_z = p.z.present(), multi = p.varlen ? p.seqlen > kChunk : p.nchunks > 1;
   if (c.presence(a->dout, "dout", true, true, "")) check_bdl(c, a->dout, "dout", p, false);
-  if (c.presence(a->x, "x", multi, true, " when seqlen (with cu_seqlens: total_len) > 2048 (the forward's chunk states)"))
+  if (c.presence(a->x, "x", multi, true,
+                 " when seqlen > 2048 (with cu_seqlens: the packed length; the forward's chunk states)"))
     check_x(c, a->x, p, false);
   if (c.presence(a->out, "out", has_z, true, " when z is given (the forward's pre-gate output)"))
     check_bdl(c, a->out, "out", p, false);

@@ -71,7 +71,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
   }
 
   const int64_t Lr = p.seqlen * (kC ? 2 : 1);
-  const int64_t rows = p.batch * p.groups * p.dstate;
+  const int64_t rows = p.rows() * p.groups * p.dstate;  // rows of variable B/C: one batch row when packed
   const FinishGrid g{grid_for(p.dim * p.dstate, 256), p.var_B ? grid_for(rows * Lr, 256) : 0,
                      p.var_C ? grid_for(rows * Lr, 256) : 0, plan.images};
   bwd_finish<T, kC><<<static_cast<unsigned>(g.params + g.dB + g.dC), 256, 0, st>>>(a, g);
