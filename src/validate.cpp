@@ -302,6 +302,12 @@ void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0,
     p.slots = t.sizes[0];
   }
   p.serving = p.varlen || pool || idx || init;
+  if (p.serving && p.is_complex) {
+    c.failf(SELSCAN_STATUS_UNSUPPORTED,
+            "A: complex weights with serving fields (cu_seqlens, ssm_states, cache_indices, has_initial_state) are not "
+            "supported; serving calls take real (float32) weights");
+    return;
+  }
   if (p.varlen) {
     p.cu_seqlens = view_of(*a.cu_seqlens);
     p.cu_i64 = a.cu_seqlens->dtype == SELSCAN_DTYPE_INT64;

@@ -61,9 +61,12 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
         return s;
     }
   } else {
-    static SmemLimit limit;
-    auto kfn = bwd_warp_kernel<T, kC>;
-    if (Status s = limit.raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+    // Serving calls (real weights only, validate.cpp) take the warp-scan kernel's serving variant.
+    static SmemLimit limit, serving_limit;
+    const bool serving = !kC && p.serving;
+    auto kfn = serving ? bwd_warp_kernel<T, kC, !kC> : bwd_warp_kernel<T, kC, false>;
+    if (Status s = (serving ? serving_limit : limit)
+                       .raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
         s != SELSCAN_STATUS_SUCCESS)
       return s;
     kfn<<<static_cast<unsigned>(plan.warp.blocks), 32 * plan.warp.warps, plan.warp.smem, st>>>(a);

@@ -208,7 +208,10 @@ __device__ void bwd_skip(const Args& args, int64_t b, int64_t g, int64_t slot, c
   }
 }
 
-template <typename T, bool kC>
+// kServing: the variant for serving calls (as the forward's, kernels/fwd/warp.cuh): each sequence's offsets and
+// flags read on the device; the dense variant's code is the expressions below with the sequence folded to batch
+// row b over [0, seqlen).
+template <typename T, bool kC, bool kServing>
 __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args args) {
   using W = typename Weights<kC>::W;
   constexpr int K = kItems;
@@ -219,7 +222,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  const int64_t N = p.dstate, D = p.dim, G = p.groups;
+  const int64_t N = p.dstate, Ldense = p.seqlen, D = p.dim, G = p.groups;
   const int64_t cpg = D / G;
   // With fold_B (constant B, no h0) the saved x holds s = h / B; the backward multiplies the seed by B and
   // then runs on the true state h like every other case (the gradients are the same functions of B).
@@ -253,11 +256,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
     const int64_t b = blk / (args.slots * G);
     // The sequence: batch row b over [0, seqlen) in a dense call; a serving call's packed offsets and flags. The
     // per-(b, d) partials and dh0 stay per sequence; the time-major tensors are read at (sq.row, sq.t0).
-    const Seq sq = seq_of<kC>(p, b);
-    const int64_t L = sq.len, br = sq.row, ts = sq.t0;
+    Seq sq{};
+    if constexpr (kServing) sq = seq_of<kC>(p, b);
+    const int64_t L = kServing ? sq.len : Ldense, br = kServing ? sq.row : b, ts = kServing ? sq.t0 : 0;
+    const int64_t xc0 = kServing ? sq.xc0 : 0;
     const T* Bbase = varB ? static_cast<const T*>(p.B.p) + br * p.B.s[0] + g * p.B.s[1] + ts * kCw : nullptr;
     const T* Cbase = varC ? static_cast<const T*>(p.C.p) + br * p.C.s[0] + g * p.C.s[1] + ts * kCw : nullptr;
-    if (sq.skip != kSeqRun) {  // padding: zero gradients, nothing added to the reductions
+    if (kServing && sq.skip != kSeqRun) {  // padding: zero gradients, nothing added to the reductions
       bwd_skip<T, kC>(args, b, g, slot, sq);
       continue;  // uniform over the block
     }
@@ -297,7 +302,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
         for (int64_t i = lane; i < args.nacc * N * 32; i += 32) lacc[i] = wzero<W>();
       __syncwarp();
 
-      for (int64_t c = (L + kChunk - 1) / kChunk - 1; c >= 0; --c) {
+      for (int64_t c = (kServing ? (L + kChunk - 1) / kChunk : p.nchunks) - 1; c >= 0; --c) {
         const int64_t cs = c * kChunk;
         const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
         const int np = static_cast<int>((clen + kPiece - 1) / kPiece);
@@ -306,10 +311,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
           W s0 = wzero<W>();
           if (active) {
             if (c > 0) {
-              s0 = ld_w<kC>(p.x.p, br * p.x.s[0] + d * p.x.s[1] + (sq.xc0 + c - 1) * p.x.s[2] + 2 * n + 1);
+              s0 = ld_w<kC>(p.x.p, br * p.x.s[0] + d * p.x.s[1] + (xc0 + c - 1) * p.x.s[2] + 2 * n + 1);
               if (fold) s0 = wmul(s0, pB[n]);
-            } else if (sq.init.p != nullptr) {
-              s0 = ld_w<kC>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2]);
+            } else if (kServing ? sq.init.p != nullptr : p.h0.p != nullptr) {
+              s0 = kServing ? ld_w<kC>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2])
+                            : ld_w<kC>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]);
             }
           }
           fc[n] = s0;
@@ -648,7 +654,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
                 float* img = (isC ? args.vc : args.vb) + (row0 + sn) * args.var_row + tw + pos;
                 // A packed sequence at an offset that is not a multiple of 4 floats, or its last partial vector
                 // (the floats after it belong to the next sequence): float by float.
-                if (((tw & 3) != 0 || (p.varlen && pos + 4 > Lr))) {
+                if (kServing && ((tw & 3) != 0 || (p.varlen && pos + 4 > Lr))) {
                   img_put_scalar(args.det_var ? img + slot * args.var_elems : img, sum,
                                  static_cast<int>(Lr - pos < 4 ? Lr - pos : 4), args.det_var, r == 0);
                 } else if (args.det_var) {
@@ -713,7 +719,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
           // dh0 of a sequence that started from zero (has_initial_state 0) is 0.
           if (p.dh0.p != nullptr)
             st_w<kC>(p.dh0.p, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2],
-                     sq.init.p != nullptr ? gcar[n] : wzero<W>());
+                     (!kServing || sq.init.p != nullptr) ? gcar[n] : wzero<W>());
         }
       }
       __syncwarp();

@@ -97,7 +97,10 @@ __device__ __forceinline__ float fwd_out_acc(float2 h, float2 c, float y) { retu
 enum FwdSlot : int { kSlotP = 0, kSlotH, kSlotA, kSlotBs, kSlotCc, kSlots };
 static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/cuda/plans.h)");
 
-template <typename T, bool kComplex, int K, int kMinBlocks>
+// kServing: the variant for serving calls (src/cuda/select.cpp routes every call with serving fields here), which
+// reads each sequence's offsets, slot and flags on the device (kernels/common/serving.cuh). A template parameter
+// rather than a run-time branch: the dense variant keeps its registers (the branch measured extra spills).
+template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
                                                                                   int64_t tiles_per_group) {
   using W = typename Weights<kComplex>::W;
@@ -122,9 +125,11 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   const bool active = dl < cpg;
   const int64_t d = g * cpg + (active ? dl : 0);
   const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
-  // The sequence: batch row b over [0, seqlen) in a dense call; a serving call's packed offsets, slot and flags.
-  const Seq sq = seq_of<kComplex>(p, b);
-  const int64_t L = sq.len;
+  // The sequence: a serving call's packed offsets, slot and flags; in a dense call batch row b over [0, seqlen)
+  // (the expressions below then fold to the dense kernel's).
+  Seq sq{};
+  if constexpr (kServing) sq = seq_of<kComplex>(p, b);
+  const int64_t L = kServing ? sq.len : p.seqlen;
 
   float4* sB = smem;
   float4* sC = sB + (var_B ? NS * kVpl * 32 : 0);
@@ -135,15 +140,15 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   W* sBs = st + kSlotBs * N;
   W* sCc = st + kSlotCc * N;
 
-  const int64_t r = sq.row, t0s = sq.t0;
+  const int64_t r = kServing ? sq.row : b, t0s = kServing ? sq.t0 : 0, xc0 = kServing ? sq.xc0 : 0;
   const T* u_row = static_cast<const T*>(p.u.p) + r * p.u.s[0] + d * p.u.s[1] + t0s;
   const T* dt_row = static_cast<const T*>(p.delta.p) + r * p.delta.s[0] + d * p.delta.s[1] + t0s;
   const bool has_z = (p.z.p != nullptr);
   const T* z_row = has_z ? static_cast<const T*>(p.z.p) + r * p.z.s[0] + d * p.z.s[1] + t0s : nullptr;
   T* out_row = static_cast<T*>(p.out.p) + r * p.out.s[0] + d * p.out.s[1] + t0s;
   T* oz_row = has_z ? static_cast<T*>(p.out_z.p) + r * p.out_z.s[0] + d * p.out_z.s[1] + t0s : nullptr;
-  if (sq.skip != kSeqRun) {  // padding (0) or a slot outside the pool (NaN): no scan, no slot touched
-    if (!active) return;     // the whole block skips: no barrier below is reached
+  if (kServing && sq.skip != kSeqRun) {  // padding (0) or a slot outside the pool (NaN): no scan, no slot touched
+    if (!active) return;                 // the whole block skips: no barrier below is reached
     const float fill = sq.skip == kSeqPad ? 0.f : __int_as_float(0x7fffffff);
     for (int64_t t = lane; t < L; t += 32) {
       out_row[t] = from_f32<T>(fill);
@@ -164,8 +169,11 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   if (active) {
     for (int64_t n = lane; n < N; n += 32) {
       sP[n] = wone<W>();
-      // A pool slot is read through the read-only path too: only this warp writes it, after this read.
-      sH[n] = (sq.init.p != nullptr) ? ldg_w<kComplex>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2]) : wzero<W>();
+      if constexpr (kServing)  // a pool slot too goes through the read-only path: only this warp writes it, later
+        sH[n] = (sq.init.p != nullptr) ? ldg_w<kComplex>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2]) : wzero<W>();
+      else
+        sH[n] = (p.h0.p != nullptr) ? ldg_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
+                                    : wzero<W>();
       const W a = ldg_w<kComplex>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
       if constexpr (kComplex) sA[n] = make_float2(a.x * kLog2e, a.y);  // only the real part is log2e-scaled
       else sA[n] = a * kLog2e;
@@ -278,7 +286,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
           sP[n] = Pa;
           sH[n] = Hb;
           if (chunk_end && (p.x.p != nullptr)) {
-            W* xr = static_cast<W*>(p.x.p) + r * p.x.s[0] + d * p.x.s[1] + (sq.xc0 + t0 / kChunk) * p.x.s[2] + 2 * n;
+            W* xr = static_cast<W*>(p.x.p) + r * p.x.s[0] + d * p.x.s[1] + (xc0 + t0 / kChunk) * p.x.s[2] + 2 * n;
             xr[0] = Pa;
             xr[1] = Hb;
           }
@@ -297,11 +305,14 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
     }
   }
 
-  if (active && (sq.fin.p != nullptr)) {  // last_state's row, or the sequence's pool slot
+  if constexpr (kServing) {
+    if (active && (sq.fin.p != nullptr))  // last_state's row, or the sequence's pool slot (no fold_B here)
+      for (int64_t n = lane; n < N; n += 32) st_w<kComplex>(sq.fin.p, d * sq.fin.s[1] + n * sq.fin.s[2], sH[n]);
+  } else if (active && (p.last_state.p != nullptr)) {
     for (int64_t n = lane; n < N; n += 32) {
       W h = sH[n];
       if (fold_B) h = wmul(h, ldg_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));  // true state = B * H
-      st_w<kComplex>(sq.fin.p, d * sq.fin.s[1] + n * sq.fin.s[2], h);
+      static_cast<W*>(p.last_state.p)[b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2]] = h;
     }
   }
 }

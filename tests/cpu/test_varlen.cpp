@@ -3,7 +3,10 @@
 // sequence by sequence and against the library's own dense calls of each sequence.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -98,18 +101,17 @@ void check_against_separate_calls(VarlenCase& c, int threads) {
 
 TEST(Varlen, PackEqualsOracleAndSeparateCalls) {
   uint64_t seed = 500;
-  for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_BFLOAT16})
-    for (bool cx : {false, true})
-      for (int bc = 0; bc < 3; ++bc)
-        for (InitFrom init : {InitFrom::none, InitFrom::h0}) {
-          VarlenSpec s;
-          s.lens = {5, 0, 40, 17, 1};
-          s.itype = it, s.complex = cx, s.init = init, s.seed = seed++;
-          s.var_B = bc != 1, s.var_C = bc != 2;
-          s.cu_dtype = seed % 2 ? SELSCAN_DTYPE_INT64 : SELSCAN_DTYPE_INT32;
-          VarlenCase c = make_varlen_case(s);
-          check_against_separate_calls(c, 2);
-        }
+  for (int32_t it : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16})
+    for (int bc = 0; bc < 3; ++bc)
+      for (InitFrom init : {InitFrom::none, InitFrom::h0}) {
+        VarlenSpec s;
+        s.lens = {5, 0, 40, 17, 1};
+        s.itype = it, s.init = init, s.seed = seed++;
+        s.var_B = bc != 1, s.var_C = bc != 2;
+        s.cu_dtype = seed % 2 ? SELSCAN_DTYPE_INT64 : SELSCAN_DTYPE_INT32;
+        VarlenCase c = make_varlen_case(s);
+        check_against_separate_calls(c, 2);
+      }
 }
 
 // A sequence longer than a chunk of x, starting mid-chunk, among short ones: chunk slots and seeds.
@@ -250,6 +252,176 @@ TEST(Varlen, BackwardDeterministicAcrossThreads) {
                                                           {&a.dA, &b.dA},   {&a.dB, &b.dB}, {&a.dC, &b.dC},
                                                           {&a.dD, &b.dD},   {&a.dh0, &b.dh0}})
     EXPECT_TRUE(pr.first->same_bytes(*pr.second));
+}
+
+// ----------------------------------------------------------------------------------------------- validation
+void expect_fail(selscan_status_t got, selscan_status_t want, const std::vector<std::string>& parts) {
+  EXPECT_EQ(got, want) << selscan_last_error();
+  const std::string msg = selscan_last_error();
+  for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "'" << msg << "' lacks '" << part << "'";
+}
+
+struct Call {
+  VarlenCase c;
+  selscan_fwd_args_t f;
+  selscan_bwd_args_t b;
+  selscan_exec_t e = cpu_exec(1);
+  explicit Call(const VarlenSpec& s) : c(make_varlen_case(s)) {
+    f = c.fwd_args(host_ptr);
+    b = c.bwd_args(host_ptr);
+  }
+  selscan_status_t fwd() { return selscan_fwd(&f, &e); }
+  selscan_status_t bwd() { return selscan_bwd(&b, &e); }
+};
+
+VarlenSpec pool_spec() {
+  VarlenSpec s;
+  s.lens = {3, 5, 4};
+  s.init = InitFrom::pool, s.slots = 4, s.cache_indices = {1, -1, 3}, s.pad_slot_id = -1;
+  return s;
+}
+
+TEST(VarlenValidation, IndexTensors) {
+  {
+    Call k{VarlenSpec{}};
+    k.f.cu_seqlens.dtype = SELSCAN_DTYPE_FLOAT32;
+    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH, {"cu_seqlens: expected dtype int32 or int64, got float32"});
+  }
+  {
+    Call k{VarlenSpec{}};
+    k.f.cu_seqlens.sizes[0] = 1;
+    expect_fail(k.fwd(), SELSCAN_STATUS_SHAPE_MISMATCH, {"cu_seqlens:", "at least one sequence", "got (1,)"});
+  }
+  {
+    Call k{VarlenSpec{}};  // u batched although packed
+    k.f.u.sizes[0] = 2;
+    expect_fail(k.fwd(), SELSCAN_STATUS_SHAPE_MISMATCH, {"u:", "packed along time", "(1, dim, total_len)"});
+  }
+  {
+    Call k{pool_spec()};
+    k.f.cache_indices.sizes[0] = 2;
+    expect_fail(k.fwd(), SELSCAN_STATUS_SHAPE_MISMATCH, {"cache_indices: expected shape (3,)", "got (2,)"});
+  }
+  {
+    VarlenSpec s = pool_spec();
+    s.has_init = {1, 0, 1};
+    Call k{s};
+    k.f.has_initial_state.dtype = SELSCAN_DTYPE_INT64;
+    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH, {"has_initial_state: expected dtype bool or int32, got int64"});
+  }
+}
+
+TEST(VarlenValidation, FieldCombinations) {
+  {
+    Call k{VarlenSpec{}};
+    k.f.pad_slot_id = 7;
+    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"pad_slot_id: only read with cache_indices, got 7"});
+  }
+  {
+    VarlenSpec s;
+    s.has_init = {1, 0, 1, 1};
+    Call k{s};
+    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"has_initial_state:", "h0 or ssm_states"});
+    expect_fail(k.bwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"has_initial_state:", "h0 is absent"});
+  }
+  {
+    Call k{pool_spec()};
+    k.f.h0 = k.c.bwd_h0.desc();
+    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"h0: must be absent with ssm_states"});
+  }
+  {
+    Call k{pool_spec()};
+    Tensor ls = make_tensor(SELSCAN_DTYPE_FLOAT32, {3, 4, 8}, {}, kPoison);
+    k.f.last_state = ls.desc();
+    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"last_state: must be absent with ssm_states"});
+  }
+  {
+    Call k{pool_spec()};
+    k.f.ssm_states.sizes[2] = 9;
+    expect_fail(k.fwd(), SELSCAN_STATUS_SHAPE_MISMATCH, {"ssm_states: expected shape (slots, 4, 8)", "got (4, 4, 9)"});
+  }
+  {
+    VarlenSpec s = pool_spec();
+    s.cache_indices.clear();
+    Call k{s};
+    expect_fail(k.fwd(), SELSCAN_STATUS_SHAPE_MISMATCH, {"ssm_states: without cache_indices", "3 slots", "(4, 4, 8)"});
+  }
+  {
+    Call k{pool_spec()};
+    k.f.ssm_states.data = k.f.out.data;  // the pool is written: it may not share bytes with another tensor
+    expect_fail(k.fwd(), SELSCAN_STATUS_BAD_LAYOUT, {"overlap"});
+  }
+  {
+    VarlenSpec s;
+    s.complex = true;
+    s.init = InitFrom::h0;
+    Call k{s};
+    expect_fail(k.fwd(), SELSCAN_STATUS_UNSUPPORTED, {"A: complex weights with serving fields"});
+    expect_fail(k.bwd(), SELSCAN_STATUS_UNSUPPORTED, {"A: complex weights with serving fields"});
+  }
+}
+
+// Host calls read the index contents: every bad value is named (a CUDA call cannot, docs/serving.md).
+TEST(VarlenValidation, HostContents) {
+  auto with = [](const VarlenSpec& s, const std::function<void(VarlenCase&)>& edit) {
+    auto k = std::make_unique<Call>(s);
+    edit(k->c);
+    return k;
+  };
+  {
+    auto k = with(VarlenSpec{}, [](VarlenCase& c) { c.cu_seqlens.set({0}, 1); });
+    expect_fail(k->fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"cu_seqlens: must start at 0, got cu_seqlens[0] = 1"});
+  }
+  {
+    auto k = with(VarlenSpec{}, [](VarlenCase& c) { c.cu_seqlens.set({2}, 2); });  // 5, 2: decreasing
+    expect_fail(k->fwd(), SELSCAN_STATUS_INVALID_ARGUMENT,
+                {"cu_seqlens: must be non-decreasing, got cu_seqlens[1] = 5 > cu_seqlens[2] = 2"});
+    expect_fail(k->bwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"cu_seqlens: must be non-decreasing"});
+  }
+  {
+    auto k = with(VarlenSpec{}, [](VarlenCase& c) { c.cu_seqlens.set({4}, 49); });
+    expect_fail(k->fwd(), SELSCAN_STATUS_INVALID_ARGUMENT,
+                {"cu_seqlens: must end at the packed length 50", "got cu_seqlens[4] = 49"});
+  }
+  {
+    auto k = with(pool_spec(), [](VarlenCase& c) { c.cache_indices.set({2}, 4); });
+    expect_fail(k->fwd(), SELSCAN_STATUS_INVALID_ARGUMENT,
+                {"cache_indices[2]: expected a slot of ssm_states in [0, 4) or pad_slot_id (-1), got 4"});
+  }
+  {
+    auto k = with(pool_spec(), [](VarlenCase& c) { c.cache_indices.set({1}, 3); });
+    expect_fail(k->fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"cache_indices: sequences 1 and 2 both name slot 3"});
+  }
+  {  // the workspace query validates the same way
+    auto k = with(VarlenSpec{}, [](VarlenCase& c) { c.cu_seqlens.set({0}, -3); });
+    size_t ws = 0;
+    expect_fail(selscan_fwd_workspace_size(&k->f, &k->e, &ws), SELSCAN_STATUS_INVALID_ARGUMENT, {"cu_seqlens[0] = -3"});
+  }
+}
+
+// A caller of the 0.2 structs passes their smaller struct_size: the serving fields, whatever bytes follow, are not
+// read, and the call is the dense one, bit for bit.
+TEST(VarlenValidation, OlderStructSizeUnaffected) {
+  CaseSpec cs;
+  cs.has_h0 = true;
+  Case a = make_case(cs), b = make_case(cs);
+  ASSERT_EQ(run_fwd(a, cpu_exec(2)), SELSCAN_STATUS_SUCCESS);
+  ASSERT_EQ(run_bwd(a, cpu_exec(2)), SELSCAN_STATUS_SUCCESS);
+  poison(b.fwd_outputs());
+  poison(b.bwd_outputs());
+  selscan_fwd_args_t f = b.fwd_args(host_ptr);
+  selscan_bwd_args_t g = b.bwd_args(host_ptr);
+  f.struct_size = offsetof(selscan_fwd_args_t, cu_seqlens);
+  g.struct_size = offsetof(selscan_bwd_args_t, cu_seqlens);
+  std::memset(&f.cu_seqlens, 0x5a, sizeof(f) - offsetof(selscan_fwd_args_t, cu_seqlens));  // junk past the size
+  std::memset(&g.cu_seqlens, 0x5a, sizeof(g) - offsetof(selscan_bwd_args_t, cu_seqlens));
+  const selscan_exec_t e = cpu_exec(2);
+  ASSERT_EQ(selscan_fwd(&f, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(selscan_bwd(&g, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  const auto fa = a.named_fwd_outputs(), fb = b.named_fwd_outputs();
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_TRUE(fa[i].second->same_bytes(*fb[i].second)) << fa[i].first;
+  const auto ga = a.named_bwd_outputs(), gb = b.named_bwd_outputs();
+  for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].second->same_bytes(*gb[i].second)) << ga[i].first;
 }
 
 }  // namespace
