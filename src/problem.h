@@ -71,7 +71,7 @@ struct Problem {
 
   int64_t channels_per_group() const { return dim / groups; }
   // Batch rows of the (Bt, D, L) tensors and of variable B/C: 1 when the sequences are packed.
-  int64_t rows() const { return varlen ? 1 : batch; }
+  SELSCAN_HD int64_t rows() const { return varlen ? 1 : batch; }
 };
 
 // x's chunk slot of the first chunk of a sequence starting at packed offset `start`, sequence index b: distinct
