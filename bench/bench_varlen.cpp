@@ -19,8 +19,11 @@
 #include <vector>
 
 #include "selscan/selscan.h"
+#include "support/abi.h"
 
 namespace {
+
+using selscan_support::contiguous_desc;
 
 constexpr int64_t kDim = 5120, kN = 16;
 
@@ -29,20 +32,6 @@ std::vector<int64_t> mix(const std::vector<int64_t>& pattern, int count) {
   std::vector<int64_t> v;
   for (int i = 0; i < count; ++i) v.push_back(pattern[static_cast<size_t>(i) % pattern.size()]);
   return v;
-}
-
-selscan_tensor_t desc(void* p, selscan_dtype_t dt, std::vector<int64_t> sizes) {
-  selscan_tensor_t t = SELSCAN_TENSOR_INIT;
-  t.data = p;
-  t.dtype = dt;
-  t.ndim = static_cast<int32_t>(sizes.size());
-  int64_t s = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    t.sizes[i] = sizes[static_cast<size_t>(i)];
-    t.strides[i] = s;
-    s *= sizes[static_cast<size_t>(i)];
-  }
-  return t;
 }
 
 // Device buffers of one call, freed on destruction; bf16 inputs filled with small values (0x3c00..: about 0.008).
@@ -80,42 +69,42 @@ void run(benchmark::State& state, std::vector<int64_t> lens, bool packed, bool b
   Buffers m;
   std::vector<int64_t> shape{rows, kDim, T}, bcs{rows, 1, kN, T};
   selscan_fwd_args_t f = SELSCAN_FWD_ARGS_INIT;
-  f.u = desc(m.alloc(io, 0x3c), bf, shape);
-  f.delta = desc(m.alloc(io, 0x3c), bf, shape);
-  f.z = desc(m.alloc(io, 0x3c), bf, shape);
-  f.B = desc(m.alloc(bc, 0x3c), bf, bcs);
-  f.C = desc(m.alloc(bc, 0x3c), bf, bcs);
-  f.A = desc(m.alloc(kDim * kN * 4, 0xbc), f32, {kDim, kN});  // 0xbcbcbcbc: about -0.023
-  f.D = desc(m.alloc(kDim * 4, 0x3c), f32, {kDim});
-  f.delta_bias = desc(m.alloc(kDim * 4, 0x3c), f32, {kDim});
+  f.u = contiguous_desc(m.alloc(io, 0x3c), bf, shape);
+  f.delta = contiguous_desc(m.alloc(io, 0x3c), bf, shape);
+  f.z = contiguous_desc(m.alloc(io, 0x3c), bf, shape);
+  f.B = contiguous_desc(m.alloc(bc, 0x3c), bf, bcs);
+  f.C = contiguous_desc(m.alloc(bc, 0x3c), bf, bcs);
+  f.A = contiguous_desc(m.alloc(kDim * kN * 4, 0xbc), f32, {kDim, kN});  // 0xbcbcbcbc: about -0.023
+  f.D = contiguous_desc(m.alloc(kDim * 4, 0x3c), f32, {kDim});
+  f.delta_bias = contiguous_desc(m.alloc(kDim * 4, 0x3c), f32, {kDim});
   f.delta_softplus = 1;
-  f.out = desc(m.alloc(io, 0), bf, shape);
-  f.out_z = desc(m.alloc(io, 0), bf, shape);
-  f.last_state = desc(m.alloc(static_cast<size_t>(Bt * kDim * kN) * 4, 0), f32, {Bt, kDim, kN});
+  f.out = contiguous_desc(m.alloc(io, 0), bf, shape);
+  f.out_z = contiguous_desc(m.alloc(io, 0), bf, shape);
+  f.last_state = contiguous_desc(m.alloc(static_cast<size_t>(Bt * kDim * kN) * 4, 0), f32, {Bt, kDim, kN});
   if (packed) {
     std::vector<int32_t> cu(static_cast<size_t>(Bt + 1), 0);
     for (int64_t b = 0; b < Bt; ++b) cu[static_cast<size_t>(b + 1)] = cu[static_cast<size_t>(b)] + static_cast<int32_t>(lens[static_cast<size_t>(b)]);
     void* d = m.alloc(cu.size() * 4, 0);
     if (m.err == cudaSuccess) m.err = cudaMemcpy(d, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice);
-    f.cu_seqlens = desc(d, SELSCAN_DTYPE_INT32, {Bt + 1});
+    f.cu_seqlens = contiguous_desc(d, SELSCAN_DTYPE_INT32, {Bt + 1});
   }
   selscan_bwd_args_t g = SELSCAN_BWD_ARGS_INIT;
   if (bwd) {
     g.u = f.u, g.delta = f.delta, g.A = f.A, g.B = f.B, g.C = f.C, g.D = f.D, g.z = f.z, g.delta_bias = f.delta_bias;
     g.delta_softplus = 1, g.cu_seqlens = f.cu_seqlens;
-    g.dout = desc(m.alloc(io, 0x3c), bf, shape);
+    g.dout = contiguous_desc(m.alloc(io, 0x3c), bf, shape);
     g.out = f.out;
     const int64_t nc = packed ? T / SELSCAN_CHUNK + Bt : (T + SELSCAN_CHUNK - 1) / SELSCAN_CHUNK;
-    g.x = desc(m.alloc(static_cast<size_t>(rows * kDim * nc * 2 * kN) * 4, 0), f32, {rows, kDim, nc, 2 * kN});
+    g.x = contiguous_desc(m.alloc(static_cast<size_t>(rows * kDim * nc * 2 * kN) * 4, 0), f32, {rows, kDim, nc, 2 * kN});
     f.x = g.x;
-    g.du = desc(m.alloc(io, 0), bf, shape);
-    g.ddelta = desc(m.alloc(io, 0), bf, shape);
-    g.dz = desc(m.alloc(io, 0), bf, shape);
-    g.dA = desc(m.alloc(kDim * kN * 4, 0), f32, {kDim, kN});
-    g.dB = desc(m.alloc(bc, 0), bf, bcs);
-    g.dC = desc(m.alloc(bc, 0), bf, bcs);
-    g.dD = desc(m.alloc(kDim * 4, 0), f32, {kDim});
-    g.ddelta_bias = desc(m.alloc(kDim * 4, 0), f32, {kDim});
+    g.du = contiguous_desc(m.alloc(io, 0), bf, shape);
+    g.ddelta = contiguous_desc(m.alloc(io, 0), bf, shape);
+    g.dz = contiguous_desc(m.alloc(io, 0), bf, shape);
+    g.dA = contiguous_desc(m.alloc(kDim * kN * 4, 0), f32, {kDim, kN});
+    g.dB = contiguous_desc(m.alloc(bc, 0), bf, bcs);
+    g.dC = contiguous_desc(m.alloc(bc, 0), bf, bcs);
+    g.dD = contiguous_desc(m.alloc(kDim * 4, 0), f32, {kDim});
+    g.ddelta_bias = contiguous_desc(m.alloc(kDim * 4, 0), f32, {kDim});
   }
   cudaStream_t st = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;

@@ -44,7 +44,7 @@ std::string VarlenSpec::str() const {
   std::ostringstream os;
   os << (packed ? "packed lens=[" : "dense lens=[");
   for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
-  os << "] D=" << dim << " N=" << dstate << " G=" << groups << " itype=" << dtype_str(itype)
+  os << "] D=" << dim << " N=" << dstate << " G=" << groups << " itype=" << dtype_name(itype)
      << (complex ? " complex" : " real") << " B=" << (var_B ? "var" : "const") << " C=" << (var_C ? "var" : "const")
      << " init=" << (init == InitFrom::none ? "none" : init == InitFrom::h0 ? "h0" : "pool");
   if (!cache_indices.empty()) {
@@ -57,7 +57,7 @@ std::string VarlenSpec::str() const {
     for (size_t i = 0; i < has_init.size(); ++i) os << (i ? "," : "") << has_init[i];
     os << "]";
   }
-  os << " cu=" << dtype_str(cu_dtype) << " seed=" << seed;
+  os << " cu=" << dtype_name(cu_dtype) << " seed=" << seed;
   return os.str();
 }
 

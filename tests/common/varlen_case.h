@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "case.h"
-#include "reference.h"
+#include "support/reference.h"
 #include "selscan/selscan.h"
 #include "tensor.h"
 

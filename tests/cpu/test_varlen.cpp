@@ -285,7 +285,8 @@ TEST(VarlenValidation, IndexTensors) {
   {
     Call k{VarlenSpec{}};
     k.f.cu_seqlens.dtype = SELSCAN_DTYPE_FLOAT32;
-    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH, {"cu_seqlens: expected dtype int32 or int64, got float32"});
+    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH,
+                {"cu_seqlens: expected dtype int32 or int64 (sequence offsets), got float32"});
   }
   {
     Call k{VarlenSpec{}};
@@ -307,7 +308,8 @@ TEST(VarlenValidation, IndexTensors) {
     s.has_init = {1, 0, 1};
     Call k{s};
     k.f.has_initial_state.dtype = SELSCAN_DTYPE_INT64;
-    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH, {"has_initial_state: expected dtype bool or int32, got int64"});
+    expect_fail(k.fwd(), SELSCAN_STATUS_DTYPE_MISMATCH,
+                {"has_initial_state: expected dtype bool or int32 (one entry per sequence), got int64"});
   }
 }
 

@@ -32,19 +32,12 @@ DeviceMemory device_memory() {
   return m;
 }
 
-selscan_exec_t gpu_exec() {
-  selscan_exec_t e = SELSCAN_EXEC_INIT;
-  e.device_kind = SELSCAN_DEVICE_CUDA;
-  e.device_index = 0;
-  return e;
-}
-
 // Forward and backward on the GPU against the oracle; `det` picks the backward's reduction mode.
 void check_on_gpu(const VarlenSpec& s, bool det) {
   const DeviceMemory dm = device_memory();
   VarlenCase c = make_varlen_case(s);
-  ASSERT_EQ(run_varlen_fwd(c, gpu_exec(), &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
-  ASSERT_EQ(run_varlen_bwd(c, gpu_exec(), det, &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
+  ASSERT_EQ(run_varlen_fwd(c, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
+  ASSERT_EQ(run_varlen_bwd(c, cuda_exec(), det, &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
   check_varlen(c, varlen_reference(c), true);
   // Padding sequences: exactly zero outputs and gradients.
   for (int64_t b = 0; b < s.batch(); ++b) {
@@ -112,8 +105,8 @@ TEST(GpuVarlen, MatchesCpuPath) {
   s.dim = 32, s.dstate = 16, s.groups = 4, s.init = InitFrom::h0, s.seed = 5;
   const DeviceMemory dm = device_memory();
   VarlenCase g = make_varlen_case(s), c = make_varlen_case(s);
-  ASSERT_EQ(run_varlen_fwd(g, gpu_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-  ASSERT_EQ(run_varlen_bwd(g, gpu_exec(), true, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_varlen_fwd(g, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_varlen_bwd(g, cuda_exec(), true, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   ASSERT_EQ(run_varlen_fwd(c, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   ASSERT_EQ(run_varlen_bwd(c, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   const Tolerances t = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C);
@@ -137,8 +130,8 @@ TEST(GpuVarlen, BadOffsetsStayInBounds) {
   const DeviceMemory dm = device_memory();
   VarlenCase c = make_varlen_case(s);
   for (int64_t b = 0; b <= 4; ++b) c.cu_seqlens.set({b}, std::vector<double>{-7, 60, 15, 1000, 80}[static_cast<size_t>(b)]);
-  ASSERT_EQ(run_varlen_fwd(c, gpu_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-  ASSERT_EQ(run_varlen_bwd(c, gpu_exec(), true, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_varlen_fwd(c, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_varlen_bwd(c, cuda_exec(), true, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   for (Tensor* t : c.all())  // every guard byte as the tensor's first one (kGuard for inputs, kPoison for outputs)
     if (t->present()) EXPECT_TRUE(t->check_guards(t->storage[0]).empty()) << t->check_guards(t->storage[0]);
   // Slots 1, 2, 4 and 5 are named by nobody valid: untouched.
@@ -173,7 +166,7 @@ TEST(GpuVarlen, GraphReplayFollowsIndexContents) {
   };
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-  selscan_exec_t e = gpu_exec();
+  selscan_exec_t e = cuda_exec();
   e.stream = st;
   const selscan_fwd_args_t a = c.fwd_args(ptr);
   // A first call outside the capture (per-device setup), then the pool as it was.
@@ -199,7 +192,7 @@ TEST(GpuVarlen, GraphReplayFollowsIndexContents) {
   // The replay computed the second case: same inputs (same seed), its split and slots.
   want.pool = want.pool_in;
   const DeviceMemory dm = device_memory();
-  ASSERT_EQ(run_varlen_fwd(want, gpu_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_varlen_fwd(want, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   const Tol tol = tol_out(s.itype);
   EXPECT_TRUE(allclose("replayed out", c.out.values(), want.out.values(), tol));
   EXPECT_TRUE(allclose("replayed pool", c.pool.values(), want.pool.values(), tol));
