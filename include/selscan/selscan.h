@@ -37,10 +37,10 @@
 
 /* ---------------------------------------------------------------------------------------------- 1 */
 #define SELSCAN_VERSION_MAJOR 0
-#define SELSCAN_VERSION_MINOR 2
+#define SELSCAN_VERSION_MINOR 3
 #define SELSCAN_VERSION_PATCH 0
 #define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
-#define SELSCAN_VERSION_STRING "0.2.0" /* the three numbers above, as selscan_version_string() returns them */
+#define SELSCAN_VERSION_STRING "0.3.0" /* the three numbers above, as selscan_version_string() returns them */
 
 #if defined(_WIN32)
 #  if defined(SELSCAN_BUILDING_LIBRARY)
@@ -242,7 +242,7 @@ typedef struct selscan_bwd_args_t {
 
 /* --------------------------------------------------------------------------------------------- 5b */
 /*
- * The decode step, upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
+ * The decode step (since 0.3), upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
  * state in place, and each token gets its output. T > 1 serves speculative decoding.
  *
  * Two forms, told apart by state's ndim. The Mamba-1 form is the heads form with H = D heads of P = 1
@@ -304,7 +304,7 @@ SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_arg
                                                   const selscan_exec_t* exec);
 
 /* ---------------------------------------------------------------------------------------------- 6 */
-/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.2.0" */
+/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.3.0" */
 SELSCAN_API const char* selscan_version_string(void);
 /* SELSCAN_VERSION of the loaded library (compare with the header's to detect a mismatch) */
 SELSCAN_API int32_t selscan_version(void);
