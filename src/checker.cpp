@@ -11,6 +11,7 @@ const char* dtype_name(int32_t d) {
     case SELSCAN_DTYPE_COMPLEX64: return "complex64";
     case SELSCAN_DTYPE_INT32: return "int32";
     case SELSCAN_DTYPE_INT64: return "int64";
+    case SELSCAN_DTYPE_BOOL: return "bool";
     default: return nullptr;
   }
 }
@@ -30,6 +31,7 @@ int64_t dtype_bytes(int32_t d) {
     case SELSCAN_DTYPE_BFLOAT16: return 2;
     case SELSCAN_DTYPE_COMPLEX64:
     case SELSCAN_DTYPE_INT64: return 8;
+    case SELSCAN_DTYPE_BOOL: return 1;
     default: return 4;
   }
 }
@@ -143,7 +145,7 @@ void Checker::layout(const selscan_tensor_t& t, const char* name, bool unit_last
 // input after writing an output (out over z loses z before out_z reads it; out_z over out loses the pre-gate
 // output), and no in-place pair has been validated on both the CPU and CUDA paths. Checked on byte ranges,
 // which also rejects interleaved views whose elements happen to be disjoint: conservative, and
-// O(tensors^2) with at most 22 tensors.
+// O(tensors^2) with at most 25 tensors.
 void Checker::aliases(const char* rule) {
   if (!ok()) return;
   for (int i = 0; i < count_; ++i)

@@ -21,8 +21,8 @@ namespace selscan {
 // rejected before any byte past this library's struct is read.
 constexpr size_t kMaxStructSize = size_t{64} << 10;
 
-// At most this many tensors in one call (the backward's 22).
-constexpr int kMaxTensors = 24;
+// At most this many tensors in one call (the backward's 25).
+constexpr int kMaxTensors = 28;
 
 // "float16", or "dtype code 7" for a value outside selscan_dtype_t.
 std::string dtype_str(int32_t d);

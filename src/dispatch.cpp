@@ -6,6 +6,7 @@
 
 #include "build_info.h"
 #include "cpu/cpu.h"
+#include "validate.h"
 
 #if SELSCAN_WITH_CUDA
 #  include "cuda/arch.h"
@@ -47,7 +48,8 @@ Status plan_call(Op op, const Problem& p, int32_t device, CudaCall* c) {
 Status workspace_size(Op op, const Problem& p, const selscan_exec_t& exec, size_t* bytes) {
   if (bytes == nullptr) return fail(SELSCAN_STATUS_INVALID_ARGUMENT, "bytes: pointer is NULL");
   *bytes = 0;
-  if (exec.device_kind == SELSCAN_DEVICE_CPU) return SELSCAN_STATUS_SUCCESS;
+  // Host memory: the serving call's index contents are checked like the rest (a CUDA call cannot read them).
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) return p.serving ? check_host_serving(p) : SELSCAN_STATUS_SUCCESS;
 #if SELSCAN_WITH_CUDA
   CudaCall c;
   if (Status s = plan_call(op, p, exec.device_index, &c); s != SELSCAN_STATUS_SUCCESS) return s;
@@ -61,8 +63,11 @@ Status workspace_size(Op op, const Problem& p, const selscan_exec_t& exec, size_
 }
 
 Status run(Op op, const Problem& p, const selscan_exec_t& exec) {
-  if (exec.device_kind == SELSCAN_DEVICE_CPU)
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) {
+    if (p.serving)
+      if (Status s = check_host_serving(p); s != SELSCAN_STATUS_SUCCESS) return s;
     return op == Op::fwd ? cpu::fwd(p, exec.num_threads) : cpu::bwd(p, exec.num_threads);
+  }
 #if SELSCAN_WITH_CUDA
   CudaCall c;
   if (Status s = plan_call(op, p, exec.device_index, &c); s != SELSCAN_STATUS_SUCCESS) return s;

@@ -5,6 +5,12 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define SELSCAN_HD __host__ __device__
+#else
+#define SELSCAN_HD
+#endif
+
 namespace selscan {
 
 enum class Dtype : int32_t { f32 = 0, f16 = 1, bf16 = 2, c64 = 3 };
@@ -51,7 +57,25 @@ struct Problem {
   View du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0;
   // backward: out_z (recompute) lives in `out_z` above.
 
+  // Serving (docs/serving.md); all off and absent for a dense call. With cu_seqlens (`varlen`) the (Bt, D, L)
+  // tensors and variable B/C, dB/dC are packed as one batch row over seqlen = total_L and `batch` counts the
+  // sequences; x has nchunks = total_L / kChunk + batch chunk slots (seq_chunk0()). The index tensors are 1-D
+  // (s[0] is their stride) and hold int32 or int64 (has_init: bool bytes or int32) as the flags say.
+  bool serving;           // any serving field given: the warp-scan kernels serve the call, fold_B is off
+  bool varlen;            // cu_seqlens given
+  bool cu_i64, idx_i64;   // cu_seqlens, cache_indices hold int64 (else int32)
+  bool init_i32;          // has_init holds int32 (else one byte per entry)
+  int64_t pad_slot_id;    // with cache_indices: the entry marking a padding sequence
+  int64_t slots;          // S of ssm_states (0 when absent)
+  View cu_seqlens, ssm_states, cache_indices, has_init;
+
   int64_t channels_per_group() const { return dim / groups; }
+  // Batch rows of the (Bt, D, L) tensors and of variable B/C: 1 when the sequences are packed.
+  SELSCAN_HD int64_t rows() const { return varlen ? 1 : batch; }
 };
+
+// x's chunk slot of the first chunk of a sequence starting at packed offset `start`, sequence index b: distinct
+// sequences' chunks never share a slot, and every slot is below total_L / kChunk + batch.
+SELSCAN_HD inline int64_t seq_chunk0(int64_t start, int64_t b) { return start / kChunk + b; }
 
 }  // namespace selscan

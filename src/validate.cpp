@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checker.h"
 
@@ -22,13 +25,17 @@ constexpr size_t kBwdArgsSizeV0_1 = offsetof(selscan_bwd_args_t, out_z) + sizeof
 static_assert(sizeof(void*) != 8 || (kExecSizeV0_1 == 48 && kFwdArgsSizeV0_1 == 1056 && kBwdArgsSizeV0_1 == 1776),
               "a 0.1 field moved: versions may only append fields at the end of a struct");
 // Fields appended since 0.1 start exactly where the 0.1 struct ended, and no struct has tail padding (a later
-// version's field would otherwise land in bytes an older caller's struct_size covers but never set). exec and
-// the forward's args have not grown since 0.1; when one does, pin its first new field like the backward's.
+// version's field would otherwise land in bytes an older caller's struct_size covers but never set). exec has
+// not grown since 0.1; when it does, pin its first new field like the argument structs'.
 static_assert(offsetof(selscan_bwd_args_t, flags) == kBwdArgsSizeV0_1, "bwd 0.2 fields follow the 0.1 struct");
-static_assert(sizeof(selscan_bwd_args_t) == offsetof(selscan_bwd_args_t, reserved) + sizeof(int32_t),
+constexpr size_t kBwdArgsSizeV0_2 = offsetof(selscan_bwd_args_t, reserved) + sizeof(int32_t);
+static_assert(offsetof(selscan_fwd_args_t, cu_seqlens) == kFwdArgsSizeV0_1, "fwd 0.3 fields follow the 0.1 struct");
+static_assert(offsetof(selscan_bwd_args_t, cu_seqlens) == kBwdArgsSizeV0_2, "bwd 0.3 fields follow the 0.2 struct");
+static_assert(sizeof(selscan_fwd_args_t) == offsetof(selscan_fwd_args_t, pad_slot_id) + sizeof(int64_t),
+              "fwd args: no padding after the last field");
+static_assert(sizeof(selscan_bwd_args_t) == offsetof(selscan_bwd_args_t, pad_slot_id) + sizeof(int64_t),
               "bwd args: no padding after the last field");
 static_assert(sizeof(selscan_exec_t) == kExecSizeV0_1, "exec: unchanged since 0.1, no tail padding");
-static_assert(sizeof(selscan_fwd_args_t) == kFwdArgsSizeV0_1, "fwd args: unchanged since 0.1, no tail padding");
 
 // Workspace pointers must be aligned to this: cudaMalloc and the frameworks' allocators give at least 256, and
 // the promise leaves the kernels free to use any vector width on the workspace.
@@ -51,6 +58,7 @@ View bc_view(const selscan_tensor_t& t) {
 struct Inputs {
   const selscan_tensor_t *u, *delta, *A, *B, *C, *D, *z, *delta_bias, *h0;
   int32_t softplus;
+  int64_t seqs;  // with cu_seqlens: the number of packed sequences (u's batch must be 1); else 0
 };
 
 void check_inputs(Checker& c, const Inputs& in, Problem& p) {
@@ -74,6 +82,13 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
       return;
     }
   const int64_t Bt = u.sizes[0], D = u.sizes[1], L = u.sizes[2];
+  if (in.seqs > 0 && Bt != 1) {
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+            fmt::format("u: with cu_seqlens the sequences are packed along time, expected shape (1, dim, total_len), "
+                        "got {}", shape_str(u.sizes, 3)));
+    return;
+  }
+  const int64_t seqs = in.seqs > 0 ? in.seqs : Bt;  // rows of the (Bt, D, N) states
   const int32_t it = u.dtype;
   c.layout(u, "u", true, false);
 
@@ -168,19 +183,21 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
   }
   if (c.presence(*in.h0, "h0", false, true, "")) {
     c.dtype(*in.h0, "h0", wt, "A's dtype");
-    c.shape(*in.h0, "h0", {Bt, D, N}, "(batch, dim, dstate)");
+    c.shape(*in.h0, "h0", {seqs, D, N}, in.seqs > 0 ? "(sequences, dim, dstate)" : "(batch, dim, dstate)");
     c.layout(*in.h0, "h0", false, false);
   }
   if (in.softplus != 0 && in.softplus != 1)
     c.failf(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("delta_softplus: expected 0 or 1, got {}", in.softplus));
   if (!c.ok()) return;
 
-  p.batch = Bt;
+  p.batch = seqs;
   p.dim = D;
   p.seqlen = L;
   p.dstate = N;
   p.groups = G;
-  p.nchunks = (L + kChunk - 1) / kChunk;
+  p.varlen = in.seqs > 0;
+  // Packed sequences: chunk slots for every sequence's chunks (seq_chunk0 in problem.h).
+  p.nchunks = p.varlen ? L / kChunk + seqs : (L + kChunk - 1) / kChunk;
   p.itype = static_cast<Dtype>(it);
   p.is_complex = cplx;
   p.var_B = var[0];
@@ -198,10 +215,121 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
   p.fold_B = !p.var_B && !p.h0.present();
 }
 
+// ------------------------------------------------------------------------------------------ serving
+// The serving fields of either struct (docs/serving.md); the backward has no ssm_states (NULL here).
+struct ServingArgs {
+  const selscan_tensor_t *cu_seqlens, *ssm_states, *cache_indices, *has_initial_state;
+  int64_t pad_slot_id;
+};
+
+// A 1-D tensor of `n` entries of dtype `a` or `b` (index tensors: cache_indices, has_initial_state).
+void check_entries(Checker& c, const selscan_tensor_t& t, const char* name, int64_t n, int32_t a, int32_t b) {
+  c.dtype(t, name, a, "one entry per sequence", b);
+  c.shape(t, name, {n}, "(sequences,)");
+  c.layout(t, name, false, false);
+}
+
+// cu_seqlens, before the inputs: the number of sequences it gives (0 when absent) decides their shapes.
+int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t) {
+  if (!c.presence(t, "cu_seqlens", false, true, "")) return 0;
+  c.dtype(t, "cu_seqlens", SELSCAN_DTYPE_INT32, "sequence offsets", SELSCAN_DTYPE_INT64);
+  if (!c.ok()) return 0;
+  if (t.ndim != 1 || t.sizes[0] < 2) {
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+            fmt::format("cu_seqlens: expected shape (sequences + 1,) with at least one sequence, got {}",
+                        given_shape(t)));
+    return 0;
+  }
+  c.layout(t, "cu_seqlens", false, false);
+  return c.ok() ? t.sizes[0] - 1 : 0;
+}
+
+// The other serving fields, after the inputs (p.batch is the number of sequences). `last_state` is the forward's
+// (NULL for the backward).
+void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0, const selscan_tensor_t* last_state,
+                   Problem& p) {
+  if (!c.ok()) return;
+  const int64_t Bt = p.batch;
+  const bool pool = a.ssm_states != nullptr && c.presence(*a.ssm_states, "ssm_states", false, true, "");
+  const bool idx = c.presence(*a.cache_indices, "cache_indices", false, true, "");
+  const bool init = c.presence(*a.has_initial_state, "has_initial_state", false, true, "");
+  if (idx) check_entries(c, *a.cache_indices, "cache_indices", Bt, SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64);
+  if (init)
+    check_entries(c, *a.has_initial_state, "has_initial_state", Bt, SELSCAN_DTYPE_BOOL, SELSCAN_DTYPE_INT32);
+  if (!c.ok()) return;
+  if (!idx && a.pad_slot_id != 0) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            fmt::format("pad_slot_id: only read with cache_indices, got {} without them (leave it 0)", a.pad_slot_id));
+    return;
+  }
+  if (init && h0.data == nullptr && !pool) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            fmt::format("has_initial_state: selects the rows of {} a sequence starts from, but {} absent",
+                        a.ssm_states != nullptr ? "h0 or ssm_states" : "h0",
+                        a.ssm_states != nullptr ? "both are" : "h0 is"));
+    return;
+  }
+  if (pool) {
+    const selscan_tensor_t& t = *a.ssm_states;
+    if (h0.data != nullptr) {
+      c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+              "h0: must be absent with ssm_states (the sequences start from their slots' states)");
+      return;
+    }
+    if (last_state != nullptr && last_state->data != nullptr) {
+      c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+              "last_state: must be absent with ssm_states (the final states are written into their slots)");
+      return;
+    }
+    c.dtype(t, "ssm_states", p.is_complex ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32, "A's dtype");
+    if (!c.ok()) return;
+    if (t.ndim != 3 || t.sizes[0] < 1 || t.sizes[1] != p.dim || t.sizes[2] != p.dstate) {
+      c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+              fmt::format("ssm_states: expected shape (slots, {}, {}) (slots >= 1, dim, dstate), got {}", p.dim,
+                          p.dstate, given_shape(t)));
+      return;
+    }
+    if (!idx && t.sizes[0] != Bt) {
+      c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+              fmt::format("ssm_states: without cache_indices sequence b uses slot b, so the pool must have {} slots "
+                          "(one per sequence), got shape {}",
+                          Bt, given_shape(t)));
+      return;
+    }
+    c.layout(t, "ssm_states", false, true);  // read and written in place: its bytes are an output's
+    if (!c.ok()) return;
+    p.ssm_states = view_of(t);
+    p.slots = t.sizes[0];
+  }
+  p.serving = p.varlen || pool || idx || init;
+  if (p.serving && p.is_complex) {
+    c.failf(SELSCAN_STATUS_UNSUPPORTED,
+            "A: complex weights with serving fields (cu_seqlens, ssm_states, cache_indices, has_initial_state) are not "
+            "supported; serving calls take real (float32) weights");
+    return;
+  }
+  if (p.varlen) {
+    p.cu_seqlens = view_of(*a.cu_seqlens);
+    p.cu_i64 = a.cu_seqlens->dtype == SELSCAN_DTYPE_INT64;
+  }
+  if (idx) {
+    p.cache_indices = view_of(*a.cache_indices);
+    p.idx_i64 = a.cache_indices->dtype == SELSCAN_DTYPE_INT64;
+    p.pad_slot_id = a.pad_slot_id;
+  }
+  if (init) {
+    p.has_init = view_of(*a.has_initial_state);
+    p.init_i32 = a.has_initial_state->dtype == SELSCAN_DTYPE_INT32;
+  }
+  // x holds the true state in serving calls (the forward and its backward agree without knowing each other's
+  // initial-state source).
+  if (p.serving) p.fold_B = false;
+}
+
 // A (Bt, D, L) itype tensor (an input or an output).
 void check_bdl(Checker& c, const selscan_tensor_t& t, const char* name, const Problem& p, bool output) {
   c.dtype(t, name, static_cast<int32_t>(p.itype), "u's dtype");
-  c.shape(t, name, {p.batch, p.dim, p.seqlen}, "like u");
+  c.shape(t, name, {p.rows(), p.dim, p.seqlen}, "like u");
   c.layout(t, name, true, output);
 }
 
@@ -213,7 +341,9 @@ void check_bdn(Checker& c, const selscan_tensor_t& t, const char* name, const Pr
 
 void check_x(Checker& c, const selscan_tensor_t& t, const Problem& p, bool output) {
   c.dtype(t, "x", p.is_complex ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32, "A's dtype");
-  c.shape(t, "x", {p.batch, p.dim, p.nchunks, 2 * p.dstate}, "(batch, dim, ceil(seqlen/2048), 2*dstate)");
+  c.shape(t, "x", {p.rows(), p.dim, p.nchunks, 2 * p.dstate},
+          p.varlen ? "(1, dim, total_len/2048 + sequences, 2*dstate) with cu_seqlens"
+                   : "(batch, dim, ceil(seqlen/2048), 2*dstate)");
   c.layout(t, "x", true, output);
   if (!c.ok()) return;
   const int64_t want[4] = {p.dim * p.nchunks * 2 * p.dstate, p.nchunks * 2 * p.dstate, 2 * p.dstate, 1};
@@ -253,10 +383,14 @@ Status make_fwd_problem(const selscan_fwd_args_t* args, Problem* out) {
   if (a == nullptr) return c.status;
   if (out == nullptr) return fail(SELSCAN_STATUS_INTERNAL, "make_fwd_problem: out is NULL");
   Problem p{};
+  const int64_t seqs = check_cu_seqlens(c, a->cu_seqlens);
   check_inputs(c, Inputs{&a->u, &a->delta, &a->A, &a->B, &a->C, &a->D, &a->z, &a->delta_bias, &a->h0,
-                         a->delta_softplus},
+                         a->delta_softplus, seqs},
                p);
   reserved_zero(c, a->flags, "flags");
+  check_serving(c, ServingArgs{&a->cu_seqlens, &a->ssm_states, &a->cache_indices, &a->has_initial_state,
+                               a->pad_slot_id},
+                a->h0, &a->last_state, p);
   if (!c.ok()) return c.status;
   const bool has_z = p.z.present();
   if (c.presence(a->out, "out", true, true, "")) check_bdl(c, a->out, "out", p, true);
@@ -281,9 +415,12 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   if (a == nullptr) return c.status;
   if (out == nullptr) return fail(SELSCAN_STATUS_INTERNAL, "make_bwd_problem: out is NULL");
   Problem p{};
+  const int64_t seqs = check_cu_seqlens(c, a->cu_seqlens);
   check_inputs(c, Inputs{&a->u, &a->delta, &a->A, &a->B, &a->C, &a->D, &a->z, &a->delta_bias, &a->h0,
-                         a->delta_softplus},
+                         a->delta_softplus, seqs},
                p);
+  check_serving(c, ServingArgs{&a->cu_seqlens, nullptr, &a->cache_indices, &a->has_initial_state, a->pad_slot_id},
+                a->h0, nullptr, p);
   if (!c.ok()) return c.status;
   if (a->deterministic != 0 && a->deterministic != 1)
     return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
@@ -291,9 +428,11 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   reserved_zero(c, a->flags, "flags");
   reserved_zero(c, a->reserved, "reserved");
   if (!c.ok()) return c.status;
-  const bool has_z = p.z.present(), multi = p.nchunks > 1;
+  // Chunk seeds are needed when a sequence may span chunks.
+  const bool has_z = p.z.present(), multi = p.varlen ? p.seqlen > kChunk : p.nchunks > 1;
   if (c.presence(a->dout, "dout", true, true, "")) check_bdl(c, a->dout, "dout", p, false);
-  if (c.presence(a->x, "x", multi, true, " when seqlen > 2048 (the forward's chunk states)"))
+  if (c.presence(a->x, "x", multi, true,
+                 " when seqlen > 2048 (with cu_seqlens: the packed length; the forward's chunk states)"))
     check_x(c, a->x, p, false);
   if (c.presence(a->out, "out", has_z, true, " when z is given (the forward's pre-gate output)"))
     check_bdl(c, a->out, "out", p, false);
@@ -327,6 +466,53 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   p.dh0 = view_of(a->dh0);
   p.out_z = view_of(a->out_z);
   *out = p;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+namespace {
+// Entry i of a 1-D int32 / int64 view.
+int64_t entry(const View& v, bool i64, int64_t i) {
+  return i64 ? static_cast<const int64_t*>(v.p)[i * v.s[0]] : static_cast<const int32_t*>(v.p)[i * v.s[0]];
+}
+}  // namespace
+
+Status check_host_serving(const Problem& p) {
+  if (p.varlen) {
+    const int64_t first = entry(p.cu_seqlens, p.cu_i64, 0), last = entry(p.cu_seqlens, p.cu_i64, p.batch);
+    if (first != 0)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t lo = entry(p.cu_seqlens, p.cu_i64, b), hi = entry(p.cu_seqlens, p.cu_i64, b + 1);
+      if (hi < lo)
+        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                    fmt::format("cu_seqlens: must be non-decreasing, got cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", b,
+                                lo, b + 1, hi));
+    }
+    if (last != p.seqlen)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("cu_seqlens: must end at the packed length {} (u's last dim), got cu_seqlens[{}] = {}",
+                              p.seqlen, p.batch, last));
+  }
+  if (p.cache_indices.present() && p.ssm_states.present()) {
+    std::vector<std::pair<int64_t, int64_t>> used;  // (slot, sequence)
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t v = entry(p.cache_indices, p.idx_i64, b);
+      if (v == p.pad_slot_id) continue;
+      if (v < 0 || v >= p.slots)
+        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                    fmt::format("cache_indices[{}]: expected a slot of ssm_states in [0, {}) or pad_slot_id ({}), got {}",
+                                b, p.slots, p.pad_slot_id, v));
+      used.emplace_back(v, b);
+    }
+    std::sort(used.begin(), used.end());
+    for (size_t i = 1; i < used.size(); ++i)
+      if (used[i].first == used[i - 1].first)
+        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                    fmt::format("cache_indices: sequences {} and {} both name slot {}; a slot serves one sequence per "
+                                "call",
+                                used[i - 1].second, used[i].second, used[i].first));
+  }
   return SELSCAN_STATUS_SUCCESS;
 }
 

@@ -8,6 +8,7 @@ int64_t dtype_size(int32_t dtype) {
     case SELSCAN_DTYPE_BFLOAT16: return 2;
     case SELSCAN_DTYPE_COMPLEX64:
     case SELSCAN_DTYPE_INT64: return 8;
+    case SELSCAN_DTYPE_BOOL: return 1;
     default: return 4;
   }
 }
@@ -20,6 +21,7 @@ const char* dtype_name(int32_t dtype) {
     case SELSCAN_DTYPE_COMPLEX64: return "c64";
     case SELSCAN_DTYPE_INT32: return "i32";
     case SELSCAN_DTYPE_INT64: return "i64";
+    case SELSCAN_DTYPE_BOOL: return "bool";
     default: return "?";
   }
 }

@@ -12,9 +12,9 @@
 
 namespace selscan_support {
 
-// Bytes of one element (complex64 and int64: 8).
+// Bytes of one element (complex64 and int64: 8, bool: 1).
 int64_t dtype_size(int32_t dtype);
-// "fp32", "fp16", "bf16", "c64", "i32", "i64"; "?" for anything else.
+// "fp32", "fp16", "bf16", "c64", "i32", "i64", "bool"; "?" for anything else.
 const char* dtype_name(int32_t dtype);
 // fp32 / float32 / float, fp16 / float16 / half, bf16 / bfloat16 (the input types). False for anything else.
 bool parse_dtype(const std::string& text, int32_t* dtype);
@@ -79,28 +79,39 @@ inline float bf16_to_float(uint16_t h) {
   return static_cast<float>((h & 0x8000) ? -v : v);
 }
 
-// Stores v rounded to a real dtype (fp32, fp16, bf16; complex64 parts are fp32) at p; reads one back.
+// Stores v rounded to a real dtype (fp32, fp16, bf16; complex64 parts are fp32) at p; reads one back. The
+// index dtypes (int32, int64, bool) hold integral values: v is truncated (bool: v != 0).
 inline void store_real(int32_t dtype, void* p, double v) {
   const float f = static_cast<float>(v);
   uint16_t h;
+  int32_t i;
+  int64_t l;
   switch (dtype) {
     case SELSCAN_DTYPE_FLOAT16: h = float_to_f16(f); std::memcpy(p, &h, 2); break;
     case SELSCAN_DTYPE_BFLOAT16: h = float_to_bf16(f); std::memcpy(p, &h, 2); break;
+    case SELSCAN_DTYPE_INT32: i = static_cast<int32_t>(v); std::memcpy(p, &i, 4); break;
+    case SELSCAN_DTYPE_INT64: l = static_cast<int64_t>(v); std::memcpy(p, &l, 8); break;
+    case SELSCAN_DTYPE_BOOL: *static_cast<unsigned char*>(p) = v != 0.0 ? 1 : 0; break;
     default: std::memcpy(p, &f, 4);
   }
 }
 inline double load_real(int32_t dtype, const void* p) {
   uint16_t h;
   float f;
+  int32_t i;
+  int64_t l;
   switch (dtype) {
     case SELSCAN_DTYPE_FLOAT16: std::memcpy(&h, p, 2); return f16_to_float(h);
     case SELSCAN_DTYPE_BFLOAT16: std::memcpy(&h, p, 2); return bf16_to_float(h);
+    case SELSCAN_DTYPE_INT32: std::memcpy(&i, p, 4); return i;
+    case SELSCAN_DTYPE_INT64: std::memcpy(&l, p, 8); return static_cast<double>(l);
+    case SELSCAN_DTYPE_BOOL: return *static_cast<const unsigned char*>(p);
     default: std::memcpy(&f, p, 4); return f;
   }
 }
 // What v becomes when stored as a real dtype and read back.
 inline double round_to_dtype(int32_t dtype, double v) {
-  unsigned char b[4];
+  unsigned char b[8];
   store_real(dtype, b, v);
   return load_real(dtype, b);
 }

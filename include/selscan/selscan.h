@@ -23,8 +23,8 @@
  *     complex tensors; real elements for the interleaved (Bt, G, N, 2L) complex B/C).
  *   - An optional tensor is absent when its data pointer is NULL.
  *   - Outputs own their memory: no output may share a byte with any other tensor of the call (input or output;
- *     the one in-place argument is selscan_state_update's state), and no two elements of one output may share a
- *     byte (BAD_LAYOUT).
+ *     the in-place arguments are selscan_state_update's state and the forward's state pool, ssm_states, each
+ *     counting as an output here), and no two elements of one output may share a byte (BAD_LAYOUT).
  *   - No hidden device allocation and no device synchronisation: GPU calls only enqueue work on the given
  *     stream (plus cudaMemsetAsync into the caller's outputs/workspace), so they can be captured in CUDA graphs.
  *     See docs/abi.md for the full reference (layouts, numerics, thread-safety).
@@ -37,10 +37,10 @@
 
 /* ---------------------------------------------------------------------------------------------- 1 */
 #define SELSCAN_VERSION_MAJOR 0
-#define SELSCAN_VERSION_MINOR 2
+#define SELSCAN_VERSION_MINOR 3
 #define SELSCAN_VERSION_PATCH 0
 #define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
-#define SELSCAN_VERSION_STRING "0.2.0" /* the three numbers above, as selscan_version_string() returns them */
+#define SELSCAN_VERSION_STRING "0.3.0" /* the three numbers above, as selscan_version_string() returns them */
 
 #if defined(_WIN32)
 #  if defined(SELSCAN_BUILDING_LIBRARY)
@@ -85,8 +85,9 @@ typedef enum selscan_dtype_t {
   SELSCAN_DTYPE_FLOAT16 = 1,  /* IEEE binary16 */
   SELSCAN_DTYPE_BFLOAT16 = 2,
   SELSCAN_DTYPE_COMPLEX64 = 3, /* two float32: real, imaginary */
-  SELSCAN_DTYPE_INT32 = 4,     /* index tensors only (state_batch_indices) */
-  SELSCAN_DTYPE_INT64 = 5      /* index tensors only */
+  SELSCAN_DTYPE_INT32 = 4,     /* index tensors only (state_batch_indices, cu_seqlens, cache_indices, ...) */
+  SELSCAN_DTYPE_INT64 = 5,     /* index tensors only */
+  SELSCAN_DTYPE_BOOL = 6       /* one byte, 0 = false (has_initial_state) */
 } selscan_dtype_t;
 
 typedef enum selscan_device_kind_t {
@@ -145,6 +146,31 @@ typedef struct selscan_exec_t {
  * The math is upstream selective_scan_cuda's (docs/numerics.md). x[b,d,c,2n] = running product of the decay,
  * x[b,d,c,2n+1] = scanned state after chunk c. As upstream, when B is constant (and h0 is absent) the scanned
  * state excludes the factor B[d,n]; last_state is always the true state h.
+ *
+ * Serving (since 0.3; docs/serving.md). Fields appended to both structs; with all of them absent/0 a call is
+ * exactly the one above.
+ *   cu_seqlens (Bt+1,) INT32 or INT64: Bt sequences packed along time. u, delta, z, out, out_z, dout, du,
+ *     ddelta, dz are (1, D, total_L) and variable B/C, dB/dC (1, G, N, total_L) (2*total_L complex); sequence b
+ *     is time [cu[b], cu[b+1]) and is scanned on its own from its initial state. h0, last_state, dh0 stay
+ *     (Bt, D, N), one row per sequence. Sequences may be empty. Contract: cu[0] = 0, non-decreasing,
+ *     cu[Bt] = total_L (checked for CPU calls; on CUDA the offsets are read on the device only, clamped into
+ *     [0, total_L] so no access leaves the tensors, and bad offsets give undefined values). x becomes
+ *     (1, D, total_L / 2048 + Bt, 2N): chunk c of sequence b is at floor(cu[b] / 2048) + b + c.
+ *   ssm_states (S, D, N) wtype, read and written in place (forward only): sequence b starts from slot
+ *     cache_indices[b] (slot b without cache_indices, then S must be Bt) and its final state is written back
+ *     into that slot. Not with h0 or last_state. Slots no sequence names are untouched; two sequences naming
+ *     one slot leave it undefined.
+ *   cache_indices (Bt,) INT32 or INT64, with pad_slot_id: an entry equal to pad_slot_id marks a padding
+ *     sequence: its out/out_z (and last_state rows) are written 0, no slot is read or written, and in the
+ *     backward all its gradients are 0 and it adds nothing to dA, dB, dC, dD, ddelta_bias. Other entries must
+ *     lie in [0, S) (checked for CPU calls; on CUDA an entry outside is written NaN and touches no slot).
+ *     The SELSCAN_*_INIT macros leave pad_slot_id 0 like every field after 0.2: set it with cache_indices
+ *     (upstream and vLLM use -1).
+ *   has_initial_state (Bt,) BOOL or INT32, with h0 or ssm_states: 0 starts sequence b from zero (its h0 row or
+ *     slot is not read; its dh0 row is 0). Absent: every sequence starts from its h0 row or slot.
+ * Any serving field turns the fold_B convention off (x holds the true state). The backward of a call with
+ * ssm_states takes the states it started from as h0 (gathered before the forward overwrote them) and the same
+ * cu_seqlens / cache_indices / has_initial_state / pad_slot_id; dh0 (Bt, D, N) is per sequence.
  */
 typedef struct selscan_fwd_args_t {
   size_t struct_size;          /* sizeof(selscan_fwd_args_t) */
@@ -161,13 +187,20 @@ typedef struct selscan_fwd_args_t {
   selscan_tensor_t out_z;      /* required iff z is given */
   selscan_tensor_t x;          /* optional: chunk states, needed by backward when L > 2048 */
   selscan_tensor_t last_state; /* optional: the true state after position L-1 */
+  /* since 0.3: serving (see "Serving" above and docs/serving.md); all absent/0 is the call described above */
+  selscan_tensor_t cu_seqlens;        /* optional: (Bt+1,) INT32/INT64 offsets of sequences packed along L */
+  selscan_tensor_t ssm_states;        /* optional, read and written in place: state pool (S, D, N), wtype */
+  selscan_tensor_t cache_indices;     /* optional: (Bt,) INT32/INT64, each sequence's slot in ssm_states */
+  selscan_tensor_t has_initial_state; /* optional: (Bt,) BOOL/INT32, 0 = start from zero */
+  int64_t pad_slot_id;                /* with cache_indices: the entry that marks a padding sequence */
 } selscan_fwd_args_t;
 
 /* Every tensor absent, softplus off, flags 0: set the tensors the call needs. */
 #define SELSCAN_FWD_ARGS_INIT                                                                                   \
   {sizeof(selscan_fwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                   \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
-   SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
+   SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0}
 
 typedef struct selscan_bwd_args_t {
   size_t struct_size;          /* sizeof(selscan_bwd_args_t) */
@@ -190,6 +223,12 @@ typedef struct selscan_bwd_args_t {
   int32_t flags;                /* reserved, must be 0 */
   int32_t reserved;             /* must be 0 (an explicit field, so the struct has no tail padding for a later
                                    version's field to land in unseen) */
+  /* since 0.3: serving, as given to selscan_fwd (the pool itself is not an argument: the states a call started
+     from are its h0, gathered before the forward overwrote their slots) */
+  selscan_tensor_t cu_seqlens;        /* optional: (Bt+1,) INT32/INT64, as in the forward */
+  selscan_tensor_t cache_indices;     /* optional: (Bt,) INT32/INT64; only its padding entries matter here */
+  selscan_tensor_t has_initial_state; /* optional: (Bt,) BOOL/INT32, with h0: rows of 0 read as zero states */
+  int64_t pad_slot_id;                /* with cache_indices, as in the forward */
 } selscan_bwd_args_t;
 
 /* Every tensor absent, softplus and deterministic off, flags 0. */
@@ -198,11 +237,12 @@ typedef struct selscan_bwd_args_t {
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
    SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
-   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0}
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0,                    \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0}
 
 /* --------------------------------------------------------------------------------------------- 5b */
 /*
- * The decode step, upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
+ * The decode step (since 0.3), upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
  * state in place, and each token gets its output. T > 1 serves speculative decoding.
  *
  * Two forms, told apart by state's ndim. The Mamba-1 form is the heads form with H = D heads of P = 1
@@ -264,7 +304,7 @@ SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_arg
                                                   const selscan_exec_t* exec);
 
 /* ---------------------------------------------------------------------------------------------- 6 */
-/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.2.0" */
+/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.3.0" */
 SELSCAN_API const char* selscan_version_string(void);
 /* SELSCAN_VERSION of the loaded library (compare with the header's to detect a mismatch) */
 SELSCAN_API int32_t selscan_version(void);

@@ -61,9 +61,12 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
         return s;
     }
   } else {
-    static SmemLimit limit;
-    auto kfn = bwd_warp_kernel<T, kC>;
-    if (Status s = limit.raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+    // Serving calls (real weights only, validate.cpp) take the warp-scan kernel's serving variant.
+    static SmemLimit limit, serving_limit;
+    const bool serving = !kC && p.serving;
+    auto kfn = serving ? bwd_warp_kernel<T, kC, !kC> : bwd_warp_kernel<T, kC, false>;
+    if (Status s = (serving ? serving_limit : limit)
+                       .raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
         s != SELSCAN_STATUS_SUCCESS)
       return s;
     kfn<<<static_cast<unsigned>(plan.warp.blocks), 32 * plan.warp.warps, plan.warp.smem, st>>>(a);
@@ -71,7 +74,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
   }
 
   const int64_t Lr = p.seqlen * (kC ? 2 : 1);
-  const int64_t rows = p.batch * p.groups * p.dstate;
+  const int64_t rows = p.rows() * p.groups * p.dstate;  // rows of variable B/C: one batch row when packed
   const FinishGrid g{grid_for(p.dim * p.dstate, 256), p.var_B ? grid_for(rows * Lr, 256) : 0,
                      p.var_C ? grid_for(rows * Lr, 256) : 0, plan.images};
   bwd_finish<T, kC><<<static_cast<unsigned>(g.params + g.dB + g.dC), 256, 0, st>>>(a, g);

@@ -106,7 +106,7 @@ __global__ void bwd_finish(const Args args, const FinishGrid g) {
     params_part<kC>(args, b, g.params);
     return;
   }
-  const int64_t Lr = p.seqlen * (kC ? 2 : 1), rows = p.batch * p.groups * p.dstate;
+  const int64_t Lr = p.seqlen * (kC ? 2 : 1), rows = p.rows() * p.groups * p.dstate;
   const int64_t nimg = g.images;
   if (b < g.params + g.dB)
     var_out_part<T>(args.vb, nimg, args.var_elems, args.var_row, p.dB, p.groups, p.dstate, Lr, rows, b - g.params,

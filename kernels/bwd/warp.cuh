@@ -24,6 +24,7 @@
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
+#include "../common/serving.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
 #include "reduce.cuh"
@@ -71,13 +72,25 @@ __device__ __forceinline__ void warp_scan_fwd_rev(W& fa, W& fb, W& ra, W& rb, in
   }
 }
 
+// Row (b, d) of a (Bt, D, L) view from time t0 (a packed sequence's offset; 0 in a dense call).
 template <typename T>
-__device__ __forceinline__ const T* row_of(const View& v, int64_t b, int64_t d) {
-  return static_cast<const T*>(v.p) + b * v.s[0] + d * v.s[1];
+__device__ __forceinline__ const T* row_of(const View& v, int64_t b, int64_t d, int64_t t0) {
+  return static_cast<const T*>(v.p) + b * v.s[0] + d * v.s[1] + t0;
 }
 template <typename T>
-__device__ __forceinline__ T* wrow_of(const View& v, int64_t b, int64_t d) {
-  return static_cast<T*>(v.p) + b * v.s[0] + d * v.s[1];
+__device__ __forceinline__ T* wrow_of(const View& v, int64_t b, int64_t d, int64_t t0) {
+  return static_cast<T*>(v.p) + b * v.s[0] + d * v.s[1] + t0;
+}
+
+// Adds (det: stores, or adds to what tile r > 0 of the slot stored) the 4 floats of `v` at img[0..3] where
+// img[i] is within the sequence (i < nvalid) one by one: the float4 path needs 16-byte alignment and whole
+// vectors, which packed sequences at any offset do not give.
+__device__ __forceinline__ void img_put_scalar(float* img, float4 v, int nvalid, bool det, bool first) {
+  const float e[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 4 && k < nvalid; ++k) {
+    if (det) img[k] = first ? e[k] : img[k] + e[k];
+    else atomicAdd(img + k, e[k]);
+  }
 }
 
 // ā = exp(δ A) as the forward builds it: real A pre-scaled by log2 e; complex: only the real part.
@@ -151,7 +164,54 @@ __device__ __forceinline__ float4 pack4(const typename Weights<kC>::W (&v)[kItem
 }
 
 
+// A padding sequence's share of the backward, for the block of (sequence b, group g, slot): zero du, ddelta, dz and
+// out_z over its steps, zero per-(b, d) partials and dh0 rows for the slot's channels, and in deterministic mode
+// (whose dB/dC images are stored, not added) zeros at its positions of the slot's images.
 template <typename T, bool kC>
+__device__ void bwd_skip(const Args& args, int64_t b, int64_t g, int64_t slot, const Seq& sq) {
+  using W = typename Weights<kC>::W;
+  constexpr int kCw = Weights<kC>::kCw;
+  const Problem& p = args.p;
+  const int64_t N = p.dstate, D = p.dim, cpg = D / p.groups, L = sq.len;
+  const int nwarps = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t r = 0; r < args.tiles_per_slot; ++r) {
+    const int64_t tile = slot * args.tiles_per_slot + r;
+    if (tile >= args.tiles_per_group) break;
+    const int64_t dl = tile * nwarps + warp;
+    if (dl >= cpg) continue;
+    const int64_t d = g * cpg + dl, bd = b * D + d;
+    const View* rows[4] = {&p.du, &p.ddelta, &p.dz, &p.out_z};
+    for (const View* v : rows) {
+      if (v->p == nullptr) continue;
+      T* row = wrow_of<T>(*v, sq.row, d, sq.t0);
+      for (int64_t t = lane; t < L; t += 32) row[t] = from_f32<T>(0.f);
+    }
+    if (lane == 0) {
+      args.ps[bd] = 0.f;
+      args.ps[p.batch * D + bd] = 0.f;
+    }
+    W* pw = reinterpret_cast<W*>(args.pw);
+    for (int64_t n = lane; n < N; n += 32) {
+      for (int j = 0; j < args.nacc; ++j) pw[(j * p.batch * D + bd) * N + n] = wzero<W>();
+      if (p.dh0.p != nullptr) st_w<kC>(p.dh0.p, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], wzero<W>());
+    }
+  }
+  if (args.det_var) {
+    const int64_t len = L * kCw, tw = sq.t0 * kCw;
+    float* imgs[2] = {args.vb, args.vc};
+    for (float* img : imgs) {
+      if (img == nullptr) continue;
+      for (int64_t i = threadIdx.x; i < N * len; i += blockDim.x)
+        img[slot * args.var_elems + ((sq.row * p.groups + g) * N + i / len) * args.var_row + tw + i % len] = 0.f;
+    }
+  }
+}
+
+// kServing: the variant for serving calls (as the forward's, kernels/fwd/warp.cuh): each sequence's offsets and
+// flags read on the device; the dense variant's code is the expressions below with the sequence folded to batch
+// row b over [0, seqlen).
+template <typename T, bool kC, bool kServing>
 __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args args) {
   using W = typename Weights<kC>::W;
   constexpr int K = kItems;
@@ -162,7 +222,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  const int64_t N = p.dstate, L = p.seqlen, D = p.dim, G = p.groups;
+  const int64_t N = p.dstate, Ldense = p.seqlen, D = p.dim, G = p.groups;
   const int64_t cpg = D / G;
   // With fold_B (constant B, no h0) the saved x holds s = h / B; the backward multiplies the seed by B and
   // then runs on the true state h like every other case (the gradients are the same functions of B).
@@ -194,8 +254,18 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
     const int64_t slot = blk % args.slots;
     const int64_t g = (blk / args.slots) % G;
     const int64_t b = blk / (args.slots * G);
-    const T* Bbase = varB ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] : nullptr;
-    const T* Cbase = varC ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] : nullptr;
+    // The sequence: batch row b over [0, seqlen) in a dense call; a serving call's packed offsets and flags. The
+    // per-(b, d) partials and dh0 stay per sequence; the time-major tensors are read at (sq.row, sq.t0).
+    Seq sq{};
+    if constexpr (kServing) sq = seq_of<kC>(p, b);
+    const int64_t L = kServing ? sq.len : Ldense, br = kServing ? sq.row : b, ts = kServing ? sq.t0 : 0;
+    const int64_t xc0 = kServing ? sq.xc0 : 0;
+    const T* Bbase = varB ? static_cast<const T*>(p.B.p) + br * p.B.s[0] + g * p.B.s[1] + ts * kCw : nullptr;
+    const T* Cbase = varC ? static_cast<const T*>(p.C.p) + br * p.C.s[0] + g * p.C.s[1] + ts * kCw : nullptr;
+    if (kServing && sq.skip != kSeqRun) {  // padding: zero gradients, nothing added to the reductions
+      bwd_skip<T, kC>(args, b, g, slot, sq);
+      continue;  // uniform over the block
+    }
     // Every row of a variable B/C is 16-byte aligned iff the base is and the state stride keeps it so.
     const bool vB = varB && aligned16(Bbase) && ((p.B.s[2] * static_cast<int64_t>(sizeof(T))) % 16 == 0);
     const bool vC = varC && aligned16(Cbase) && ((p.C.s[2] * static_cast<int64_t>(sizeof(T))) % 16 == 0);
@@ -209,8 +279,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
 
       const bool hasZ = p.z.p != nullptr;
       const bool hasOz = hasZ && p.out_z.p != nullptr;
-      const T* urow = row_of<T>(p.u, b, d);
-      const T* drow = row_of<T>(p.delta, b, d);
+      const T* urow = row_of<T>(p.u, br, d, ts);
+      const T* drow = row_of<T>(p.delta, br, d, ts);
       const bool vu = aligned16(urow), vd = aligned16(drow);
       const float Dd = (active && p.D.p != nullptr) ? static_cast<const float*>(p.D.p)[d * p.D.s[0]] : 0.f;
       const float bias =
@@ -232,7 +302,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
         for (int64_t i = lane; i < args.nacc * N * 32; i += 32) lacc[i] = wzero<W>();
       __syncwarp();
 
-      for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+      for (int64_t c = (kServing ? (L + kChunk - 1) / kChunk : p.nchunks) - 1; c >= 0; --c) {
         const int64_t cs = c * kChunk;
         const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
         const int np = static_cast<int>((clen + kPiece - 1) / kPiece);
@@ -241,10 +311,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
           W s0 = wzero<W>();
           if (active) {
             if (c > 0) {
-              s0 = ld_w<kC>(p.x.p, b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2] + 2 * n + 1);
+              s0 = ld_w<kC>(p.x.p, br * p.x.s[0] + d * p.x.s[1] + (xc0 + c - 1) * p.x.s[2] + 2 * n + 1);
               if (fold) s0 = wmul(s0, pB[n]);
-            } else if (p.h0.p != nullptr) {
-              s0 = ld_w<kC>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]);
+            } else if (kServing ? sq.init.p != nullptr : p.h0.p != nullptr) {
+              s0 = kServing ? ld_w<kC>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2])
+                            : ld_w<kC>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]);
             }
           }
           fc[n] = s0;
@@ -378,14 +449,14 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
           load_run<T, K>(urow, t0, Lv, vu, uu);
           load_run<T, K>(drow, t0, Lv, vd, dl);
           {
-            const T* grow = row_of<T>(p.dout, b, d);
+            const T* grow = row_of<T>(p.dout, br, d, ts);
             load_run<T, K>(grow, t0, Lv, aligned16(grow), dt);
           }
           if (hasZ) {
-            const T* zrow = row_of<T>(p.z, b, d);
-            const T* orow = row_of<T>(p.out, b, d);
-            T* dzrow = wrow_of<T>(p.dz, b, d);
-            T* ozrow = hasOz ? wrow_of<T>(p.out_z, b, d) : nullptr;
+            const T* zrow = row_of<T>(p.z, br, d, ts);
+            const T* orow = row_of<T>(p.out, br, d, ts);
+            T* dzrow = wrow_of<T>(p.dz, br, d, ts);
+            T* ozrow = hasOz ? wrow_of<T>(p.out_z, br, d, ts) : nullptr;
             float zz[K], oo[K];
             load_run<T, K>(zrow, t0, Lv, aligned16(zrow), zz);
             load_run<T, K>(orow, t0, Lv, aligned16(orow), oo);
@@ -555,7 +626,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
               const int64_t Lr = L * kCw;
               constexpr int kVpl = K * kCw / 4;
               const int items = ns * kV4;  // float4 per variable tensor in this round
-              const int64_t row0 = (b * G + g) * N + n0;
+              const int64_t row0 = (br * G + g) * N + n0;
+              const int64_t tw = ts * kCw;  // the sequence's first float in the image rows
               for (int idx = threadIdx.x; idx < nvar * items; idx += blockDim.x) {
                 const bool isC = !varB || idx >= items;
                 const int rest = isC && varB ? idx - items : idx;
@@ -579,8 +651,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
                 } else {
                   for (int w = 1; w < nwarps; ++w) add_w(w);
                 }
-                float* img = (isC ? args.vc : args.vb) + (row0 + sn) * args.var_row + pos;
-                if (args.det_var) {
+                float* img = (isC ? args.vc : args.vb) + (row0 + sn) * args.var_row + tw + pos;
+                // A packed sequence at an offset that is not a multiple of 4 floats, or its last partial vector
+                // (the floats after it belong to the next sequence): float by float.
+                if (kServing && ((tw & 3) != 0 || (p.varlen && pos + 4 > Lr))) {
+                  img_put_scalar(args.det_var ? img + slot * args.var_elems : img, sum,
+                                 static_cast<int>(Lr - pos < 4 ? Lr - pos : 4), args.det_var, r == 0);
+                } else if (args.det_var) {
                   float4* q4 = reinterpret_cast<float4*>(img + slot * args.var_elems);
                   if (r != 0) {
                     const float4 o = *q4;
@@ -611,8 +688,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
 #pragma unroll
           for (int k = 0; k < K; ++k) ddb_l += (k < nv) ? gd_acc[k] : 0.f;
           {
-            T* durow = wrow_of<T>(p.du, b, d);
-            T* ddrow = wrow_of<T>(p.ddelta, b, d);
+            T* durow = wrow_of<T>(p.du, br, d, ts);
+            T* ddrow = wrow_of<T>(p.ddelta, br, d, ts);
             store_run<T, K>(durow, t0, Lv, aligned16(durow), gu_acc);
             store_run<T, K>(ddrow, t0, Lv, aligned16(ddrow), gd_acc);
           }
@@ -639,7 +716,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
             }
             pw[(j * p.batch * D + bd) * N + n] = v;
           }
-          if (p.dh0.p != nullptr) st_w<kC>(p.dh0.p, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], gcar[n]);
+          // dh0 of a sequence that started from zero (has_initial_state 0) is 0.
+          if (p.dh0.p != nullptr)
+            st_w<kC>(p.dh0.p, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2],
+                     (!kServing || sq.init.p != nullptr) ? gcar[n] : wzero<W>());
         }
       }
       __syncwarp();

@@ -24,12 +24,12 @@ Status launch_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threa
   return launch_status("forward: launching the kernel");
 }
 
-// The warp-scan forward with K steps per lane.
-template <typename T, bool kComplex, int K>
+// The warp-scan forward with K steps per lane (its serving variant for calls with serving fields).
+template <typename T, bool kComplex, int K, bool kServing>
 Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
   static SmemLimit limit;
-  return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks>, limit, w.blocks, w.warps * 32,
-                       w.smem, l, p, w.tiles_per_group);
+  return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks, kServing>, limit, w.blocks,
+                       w.warps * 32, w.smem, l, p, w.tiles_per_group);
 }
 
 // The thread-states forward with its launch-bounds variant.
@@ -43,13 +43,15 @@ Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Laun
 template <typename T, bool kComplex>
 Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Launch& l) {
   if constexpr (kComplex) {
-    return launch_warp<T, true, cuda::fwd_warp::kItemsComplex>(p, plan.warp, l);
+    // Serving calls have real weights (validate.cpp).
+    return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
     if (plan.kernel == cuda::Kernel::ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
                  : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
-    return launch_warp<T, false, cuda::fwd_warp::kItemsReal>(p, plan.warp, l);
+    if (p.serving) return launch_warp<T, false, cuda::fwd_warp::kItemsReal, true>(p, plan.warp, l);
+    return launch_warp<T, false, cuda::fwd_warp::kItemsReal, false>(p, plan.warp, l);
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
+#include "../common/serving.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
 
@@ -28,12 +29,13 @@ constexpr int kFwdMaxWarps = cuda::fwd_warp::kMaxWarps;  // channels per block
 template <bool kComplex>
 constexpr int kStateTile = kComplex ? cuda::fwd_warp::kStateTileComplex : cuda::fwd_warp::kStateTileReal;
 
-// Variable B or C rows n0..n0+ns-1 of the piece starting at t0, for (batch b, group g), into shared memory as
-// fp32. Layout: float4 index ((nn * kVpl + j) * 32 + lane), j < kVpl = K*kCw/4, so a lane's K steps sit in kVpl
-// float4 with lanes adjacent (conflict-free 16-byte reads). Steps past L are staged as 0.
+// Variable B or C rows n0..n0+ns-1 of the piece starting at t0, for (batch row b, group g) and a sequence starting
+// at time `toff` of that row, into shared memory as fp32. Layout: float4 index ((nn * kVpl + j) * 32 + lane),
+// j < kVpl = K*kCw/4, so a lane's K steps sit in kVpl float4 with lanes adjacent (conflict-free 16-byte reads).
+// Steps past L are staged as 0.
 template <typename T, bool kComplex, int K>
-__device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b, int64_t g, int64_t n0, int ns,
-                                          int64_t t0, int64_t L) {
+__device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b, int64_t g, int64_t toff, int64_t n0,
+                                          int ns, int64_t t0, int64_t L) {
   constexpr int kCw = Weights<kComplex>::kCw;
   constexpr int kLaneFloats = K * kCw;  // floats one lane reads per state
   constexpr int kVpl = kLaneFloats / 4;
@@ -42,7 +44,7 @@ __device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b,
   static_assert(kLaneFloats % VE == 0, "a 16-byte load must stay within one lane's steps");
   const int64_t row_len = L * kCw;
   const int64_t e0 = t0 * kCw;
-  const T* base = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1];
+  const T* base = static_cast<const T*>(v.p) + b * v.s[0] + g * v.s[1] + toff * kCw;
   const int total = ns * kVecPerRow;
   for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
     const int nn = idx / kVecPerRow;
@@ -95,7 +97,10 @@ __device__ __forceinline__ float fwd_out_acc(float2 h, float2 c, float y) { retu
 enum FwdSlot : int { kSlotP = 0, kSlotH, kSlotA, kSlotBs, kSlotCc, kSlots };
 static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/cuda/plans.h)");
 
-template <typename T, bool kComplex, int K, int kMinBlocks>
+// kServing: the variant for serving calls (src/cuda/select.cpp routes every call with serving fields here), which
+// reads each sequence's offsets, slot and flags on the device (kernels/common/serving.cuh). A template parameter
+// rather than a run-time branch: the dense variant keeps its registers (the branch measured extra spills).
+template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
                                                                                   int64_t tiles_per_group) {
   using W = typename Weights<kComplex>::W;
@@ -108,7 +113,6 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   const int nwarps = static_cast<int>(blockDim.x / 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t L = p.seqlen;
   const int64_t N = p.dstate;
   const int64_t cpg = p.dim / p.groups;
   int64_t blk = blockIdx.x;
@@ -121,6 +125,11 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   const bool active = dl < cpg;
   const int64_t d = g * cpg + (active ? dl : 0);
   const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+  // The sequence: a serving call's packed offsets, slot and flags; in a dense call batch row b over [0, seqlen)
+  // (the expressions below then fold to the dense kernel's).
+  Seq sq{};
+  if constexpr (kServing) sq = seq_of<kComplex>(p, b);
+  const int64_t L = kServing ? sq.len : p.seqlen;
 
   float4* sB = smem;
   float4* sC = sB + (var_B ? NS * kVpl * 32 : 0);
@@ -131,12 +140,25 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   W* sBs = st + kSlotBs * N;
   W* sCc = st + kSlotCc * N;
 
-  const T* u_row = static_cast<const T*>(p.u.p) + b * p.u.s[0] + d * p.u.s[1];
-  const T* dt_row = static_cast<const T*>(p.delta.p) + b * p.delta.s[0] + d * p.delta.s[1];
+  const int64_t r = kServing ? sq.row : b, t0s = kServing ? sq.t0 : 0, xc0 = kServing ? sq.xc0 : 0;
+  const T* u_row = static_cast<const T*>(p.u.p) + r * p.u.s[0] + d * p.u.s[1] + t0s;
+  const T* dt_row = static_cast<const T*>(p.delta.p) + r * p.delta.s[0] + d * p.delta.s[1] + t0s;
   const bool has_z = (p.z.p != nullptr);
-  const T* z_row = has_z ? static_cast<const T*>(p.z.p) + b * p.z.s[0] + d * p.z.s[1] : nullptr;
-  T* out_row = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
-  T* oz_row = has_z ? static_cast<T*>(p.out_z.p) + b * p.out_z.s[0] + d * p.out_z.s[1] : nullptr;
+  const T* z_row = has_z ? static_cast<const T*>(p.z.p) + r * p.z.s[0] + d * p.z.s[1] + t0s : nullptr;
+  T* out_row = static_cast<T*>(p.out.p) + r * p.out.s[0] + d * p.out.s[1] + t0s;
+  T* oz_row = has_z ? static_cast<T*>(p.out_z.p) + r * p.out_z.s[0] + d * p.out_z.s[1] + t0s : nullptr;
+  if (kServing && sq.skip != kSeqRun) {  // padding (0) or a slot outside the pool (NaN): no scan, no slot touched
+    if (!active) return;                 // the whole block skips: no barrier below is reached
+    const float fill = sq.skip == kSeqPad ? 0.f : __int_as_float(0x7fffffff);
+    for (int64_t t = lane; t < L; t += 32) {
+      out_row[t] = from_f32<T>(fill);
+      if (has_z) oz_row[t] = from_f32<T>(fill);
+    }
+    if (sq.fin.p != nullptr)
+      for (int64_t n = lane; n < N; n += 32)
+        st_w<kComplex>(sq.fin.p, d * sq.fin.s[1] + n * sq.fin.s[2], wscale(wone<W>(), fill));
+    return;
+  }
   const bool vec_in = aligned16(u_row) && aligned16(dt_row);
   const bool vec_z = has_z && aligned16(z_row) && aligned16(oz_row);
   const bool vec_out = aligned16(out_row);
@@ -147,7 +169,11 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   if (active) {
     for (int64_t n = lane; n < N; n += 32) {
       sP[n] = wone<W>();
-      sH[n] = (p.h0.p != nullptr) ? ldg_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : wzero<W>();
+      if constexpr (kServing)  // a pool slot too goes through the read-only path: only this warp writes it, later
+        sH[n] = (sq.init.p != nullptr) ? ldg_w<kComplex>(sq.init.p, d * sq.init.s[1] + n * sq.init.s[2]) : wzero<W>();
+      else
+        sH[n] = (p.h0.p != nullptr) ? ldg_w<kComplex>(p.h0.p, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
+                                    : wzero<W>();
       const W a = ldg_w<kComplex>(p.A.p, d * p.A.s[0] + n * p.A.s[1]);
       if constexpr (kComplex) sA[n] = make_float2(a.x * kLog2e, a.y);  // only the real part is log2e-scaled
       else sA[n] = a * kLog2e;
@@ -188,8 +214,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
       const int ns = static_cast<int>(N - n0 < NS ? N - n0 : NS);
       if (var_B || var_C) {
         __syncthreads();  // the previous tile's readers are done
-        if (var_B) fwd_stage<T, kComplex, K>(sB, p.B, b, g, n0, ns, t0, L);
-        if (var_C) fwd_stage<T, kComplex, K>(sC, p.C, b, g, n0, ns, t0, L);
+        if (var_B) fwd_stage<T, kComplex, K>(sB, p.B, r, g, t0s, n0, ns, t0, L);
+        if (var_C) fwd_stage<T, kComplex, K>(sC, p.C, r, g, t0s, n0, ns, t0, L);
         __syncthreads();
       }
       if (!active) continue;
@@ -260,7 +286,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
           sP[n] = Pa;
           sH[n] = Hb;
           if (chunk_end && (p.x.p != nullptr)) {
-            W* xr = static_cast<W*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2] + 2 * n;
+            W* xr = static_cast<W*>(p.x.p) + r * p.x.s[0] + d * p.x.s[1] + (xc0 + t0 / kChunk) * p.x.s[2] + 2 * n;
             xr[0] = Pa;
             xr[1] = Hb;
           }
@@ -279,7 +305,10 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
     }
   }
 
-  if (active && (p.last_state.p != nullptr)) {
+  if constexpr (kServing) {
+    if (active && (sq.fin.p != nullptr))  // last_state's row, or the sequence's pool slot (no fold_B here)
+      for (int64_t n = lane; n < N; n += 32) st_w<kComplex>(sq.fin.p, d * sq.fin.s[1] + n * sq.fin.s[2], sH[n]);
+  } else if (active && (p.last_state.p != nullptr)) {
     for (int64_t n = lane; n < N; n += 32) {
       W h = sH[n];
       if (fold_B) h = wmul(h, ldg_w<kComplex>(p.B.p, d * p.B.s[0] + n * p.B.s[1]));  // true state = B * H

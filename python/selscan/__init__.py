@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _backends, _lib, _plan
 from ._backends import backend_for
-from ._core import prepare, run_bwd, run_fwd, user_grad
+from ._core import Serving, prepare, run_bwd, run_fwd, user_grad
 from ._lib import SelscanError
 
 __all__ = [
@@ -52,7 +52,8 @@ def check_device(device_index=0):
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False, initial_state=None, itype=None, num_threads=0):
+                      return_last_state=False, initial_state=None, itype=None, num_threads=0, *, cu_seqlens=None,
+                      ssm_states=None, cache_indices=None, has_initial_state=None, pad_slot_id=-1):
     """Forward selective scan with upstream mamba_ssm's shapes.
 
     u, delta, z: (Bt, D, L). A: (D, N) float32 or complex64. B, C: (D, N) weights (A's dtype) or per-token
@@ -62,7 +63,19 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     input-dtype tensors first. bf16 results come back as float32 arrays holding bf16 values (numpy/CuPy).
     Returns out * silu(z) if z is given else out; with return_last_state, (that, last_state (Bt, D, N)).
     num_threads: CPU worker threads (0 = all).
+    Serving (docs/serving.md): cu_seqlens (Bt+1,) int32/int64 packs Bt sequences along L (u, delta, z: (1, D,
+    total_len); B, C: (1, G, N, total_len)); ssm_states (S, D, N) in A's dtype is a state pool read and written
+    in place (each sequence starts from its slot, cache_indices (Bt,) picking it, and ends there);
+    has_initial_state (Bt,) bool/int32 starts a sequence from zero where 0; an index equal to pad_slot_id marks
+    a padding sequence (zero output, no slot touched). initial_state and last_state are then per sequence.
     """
+    if not (cu_seqlens is None and ssm_states is None and cache_indices is None and has_initial_state is None):
+        be, u = backend_for(u)
+        p = prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state, itype)
+        sv = Serving(be, cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id)
+        r = run_fwd(p, delta_softplus, want_last=bool(return_last_state), num_threads=num_threads, serving=sv)
+        y = be.to_user(r["out_z"] if z is not None else r["out"], p.it)
+        return (y, r["last_state"]) if return_last_state else y
     if itype is None:
         r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus),
                       bool(return_last_state), num_threads)
@@ -78,17 +91,24 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
 
 def selective_scan_bwd(dout, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                       initial_state=None, itype=None, deterministic=False, num_threads=0):
+                       initial_state=None, itype=None, deterministic=False, num_threads=0, *, cu_seqlens=None,
+                       cache_indices=None, has_initial_state=None, pad_slot_id=-1):
     """Gradients of sum(dout * selective_scan_fn(...)) w.r.t. every input (the forward is run internally).
 
     dout is the gradient of out * silu(z) when z is given, else of out. Returns a dict with keys du, ddelta,
     dA, dB, dC, dD, dz, ddelta_bias (and dinitial_state when initial_state is given); keys of absent inputs map
     to None. Each gradient has the shape of its input (3-D B/C stay 3-D); complex gradients follow PyTorch's
     convention dL/dRe + i dL/dIm. deterministic: bitwise-reproducible reductions on CUDA.
+    Serving calls take the forward's cu_seqlens / cache_indices / has_initial_state / pad_slot_id; a call that
+    used a state pool passes the states its sequences started from as initial_state (gathered before the forward
+    overwrote the slots); dinitial_state is then per sequence (0 where a sequence started from zero).
     """
     be, u = backend_for(u)
     p = prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state, itype)
-    g = run_bwd(p, dout, delta_softplus, deterministic=deterministic, num_threads=num_threads)
+    sv = None
+    if not (cu_seqlens is None and cache_indices is None and has_initial_state is None):
+        sv = Serving(be, cu_seqlens, None, cache_indices, has_initial_state, pad_slot_id)
+    g = run_bwd(p, dout, delta_softplus, deterministic=deterministic, num_threads=num_threads, serving=sv)
     res = {k: user_grad(p, k, g[k]) for k in ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")}
     if initial_state is not None:
         res["dinitial_state"] = g["dh0"]

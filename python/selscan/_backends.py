@@ -90,6 +90,13 @@ class _XpBackend:
     def is_complex(self, a):
         return a.dtype.kind == "c"
 
+    def index_code(self, name, a):
+        """'i32', 'i64' or 'bool' for a serving index tensor (docs/serving.md)."""
+        code = {"int32": "i32", "int64": "i64", "bool": "bool"}.get(a.dtype.name)
+        if code is None:
+            raise _dtype_error(name, a.dtype, "int32 or int64 (has_initial_state: bool or int32)")
+        return code
+
     def cast(self, name, a, code):
         xp = self.xp
         dt = a.dtype
@@ -275,6 +282,14 @@ class TorchBackend:
 
     def is_complex(self, a):
         return a.is_complex()
+
+    def index_code(self, name, a):
+        """'i32', 'i64' or 'bool' for a serving index tensor (docs/serving.md)."""
+        t = self.torch
+        code = {t.int32: "i32", t.int64: "i64", t.bool: "bool"}.get(a.dtype)
+        if code is None:
+            raise _dtype_error(name, a.dtype, "torch.int32 or int64 (has_initial_state: bool or int32)")
+        return code
 
     def cast(self, name, a, code):
         if not (a.is_floating_point() or a.is_complex()):

@@ -86,6 +86,46 @@ def prepare(be, u, delta, A, B, C, D=None, z=None, delta_bias=None, h0=None, ity
     return p
 
 
+class Serving:
+    """The serving arguments of a call (docs/serving.md) in library form: packed sequences (cu_seqlens), a state
+    pool (ssm_states, updated in place, so it is used as given), cache_indices, has_initial_state, pad_slot_id."""
+
+    def __init__(self, be, cu_seqlens=None, ssm_states=None, cache_indices=None, has_initial_state=None,
+                 pad_slot_id=-1):
+        self.t, self.codes = {}, {}
+        for name, v in (("cu_seqlens", cu_seqlens), ("cache_indices", cache_indices),
+                        ("has_initial_state", has_initial_state)):
+            a = be.adopt(name, v)
+            self.t[name] = a
+            if a is not None:
+                self.codes[name] = be.index_code(name, a)
+        self.t["ssm_states"] = be.adopt("ssm_states", ssm_states)
+        self.pad_slot_id = int(pad_slot_id) if cache_indices is not None else 0
+
+    @property
+    def varlen(self):
+        return self.t["cu_seqlens"] is not None
+
+    def sequences(self, batch):
+        cu = self.t["cu_seqlens"]
+        return batch if cu is None else int(cu.shape[0]) - 1
+
+    def without_pool(self):
+        """The same call for the backward (which has no pool: its initial states come as h0)."""
+        s = Serving.__new__(Serving)
+        s.t = dict(self.t, ssm_states=None)
+        s.codes = dict(self.codes)
+        s.pad_slot_id = self.pad_slot_id
+        return s
+
+    def fill(self, p, args, names):
+        for name in names:
+            if self.t.get(name) is not None:
+                code = self.codes.get(name, p.wt)  # ssm_states: A's dtype, used in place (not converted)
+                _set(p, args, name, self.t[name], code)
+        args.pad_slot_id = self.pad_slot_id
+
+
 def _code_of(p, name):
     """dtype code of a library-form input or output tensor."""
     if name in ("u", "delta", "z", "out", "out_z", "dout", "du", "ddelta", "dz"):
@@ -125,21 +165,38 @@ def nchunks(seqlen):
     return max(0, (seqlen + _lib.CHUNK - 1) // _lib.CHUNK)
 
 
-def run_fwd(p, delta_softplus=False, want_x=False, want_last=False, num_threads=0):
-    """Returns {'out', 'out_z', 'x', 'last_state'} in library form (absent ones None)."""
+def x_shape(p, serving=None):
+    """The chunk states' shape: (Bt, D, ceil(L/2048), 2N); packed sequences: (1, D, L/2048 + sequences, 2N)."""
+    bt, dm, L, n = p.sizes()
+    if serving is not None and serving.varlen:
+        return (1, dm, L // _lib.CHUNK + serving.sequences(bt), 2 * n)
+    return (bt, dm, nchunks(L), 2 * n)
+
+
+def needs_x(p, serving=None):
+    """Whether the backward needs the forward's chunk states (a sequence may span chunks)."""
+    L = p.sizes()[2]
+    return L > _lib.CHUNK if serving is not None and serving.varlen else nchunks(L) > 1
+
+
+def run_fwd(p, delta_softplus=False, want_x=False, want_last=False, num_threads=0, serving=None):
+    """Returns {'out', 'out_z', 'x', 'last_state'} in library form (absent ones None). `serving`: a Serving."""
     be = p.be
     bt, dm, L, n = p.sizes()
+    seqs = bt if serving is None else serving.sequences(bt)
     r = {
         "out": be.empty(p.io_shape, p.it),
         "out_z": be.empty(p.io_shape, p.it) if p.t["z"] is not None else None,
-        "x": be.empty((bt, dm, nchunks(L), 2 * n), p.wt) if want_x else None,
-        "last_state": be.empty((bt, dm, n), p.wt) if want_last else None,
+        "x": be.empty(x_shape(p, serving), p.wt) if want_x else None,
+        "last_state": be.empty((seqs, dm, n), p.wt) if want_last else None,
     }
     args = _lib.new_fwd_args()
     for name in _lib.FWD_INPUTS:
         _set(p, args, name, p.t[name])
     for name in _lib.FWD_OUTPUTS:
         _set(p, args, name, r[name])
+    if serving is not None:
+        serving.fill(p, args, _lib.FWD_SERVING)
     args.delta_softplus = 1 if delta_softplus else 0
     ex = _exec(p, num_threads)
     keep = _attach_workspace(p, "fwd", args, ex)  # noqa: F841  (alive until the call is enqueued)
@@ -148,16 +205,18 @@ def run_fwd(p, delta_softplus=False, want_x=False, want_last=False, num_threads=
 
 
 def run_bwd(p, dout, delta_softplus=False, deterministic=False, num_threads=0, saved_out=None, saved_x=None,
-            want_dh0=True):
+            want_dh0=True, serving=None):
     """Returns the gradients in library form: du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0 (absent: None).
     `saved_out` / `saved_x` are the forward's out and x when the caller kept them; otherwise the forward is
     re-run here for whichever of them the backward needs (out iff z is given, x iff L > 2048)."""
     be = p.be
     bt, dm, L, n = p.sizes()
     has_z = p.t["z"] is not None
-    need_x = nchunks(L) > 1
+    if serving is not None:
+        serving = serving.without_pool()  # the initial states come as h0
+    need_x = needs_x(p, serving)
     if (has_z and saved_out is None) or (need_x and saved_x is None):
-        f = run_fwd(p, delta_softplus, want_x=need_x, num_threads=num_threads)
+        f = run_fwd(p, delta_softplus, want_x=need_x, num_threads=num_threads, serving=serving)
         saved_out = saved_out if saved_out is not None else f["out"]
         saved_x = saved_x if saved_x is not None else f["x"]
     dout = be.fix_layout(be.cast("dout", be.adopt("dout", dout), p.it), True)
@@ -183,6 +242,8 @@ def run_bwd(p, dout, delta_softplus=False, deterministic=False, num_threads=0, s
         _set(p, args, "out", saved_out)
     for name, arr in g.items():
         _set(p, args, name, arr)
+    if serving is not None:
+        serving.fill(p, args, _lib.BWD_SERVING)
     args.delta_softplus = 1 if delta_softplus else 0
     args.deterministic = 1 if deterministic else 0
     ex = _exec(p, num_threads)

@@ -11,7 +11,7 @@ import sys
 
 # The header version this binding was written against (SELSCAN_VERSION = major*10000 + minor*100 + patch).
 HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 2
+HEADER_VERSION_MINOR = 3
 HEADER_VERSION_PATCH = 0
 HEADER_VERSION = HEADER_VERSION_MAJOR * 10000 + HEADER_VERSION_MINOR * 100 + HEADER_VERSION_PATCH
 
@@ -43,10 +43,11 @@ DTYPE_FLOAT32 = 0
 DTYPE_FLOAT16 = 1
 DTYPE_BFLOAT16 = 2
 DTYPE_COMPLEX64 = 3
-DTYPE_INT32 = 4  # index tensors only (state_batch_indices)
+DTYPE_INT32 = 4  # index tensors only (state_batch_indices; serving: cu_seqlens, cache_indices, has_initial_state)
 DTYPE_INT64 = 5
+DTYPE_BOOL = 6
 DTYPE_CODES = {"fp32": DTYPE_FLOAT32, "fp16": DTYPE_FLOAT16, "bf16": DTYPE_BFLOAT16, "c64": DTYPE_COMPLEX64,
-               "i32": DTYPE_INT32, "i64": DTYPE_INT64}
+               "i32": DTYPE_INT32, "i64": DTYPE_INT64, "bool": DTYPE_BOOL}
 
 # selscan_device_kind_t
 DEVICE_CPU = 0
@@ -96,12 +97,18 @@ FWD_INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
 FWD_OUTPUTS = ("out", "out_z", "x", "last_state")
 
 
+# Serving fields (docs/serving.md), appended to both structs.
+FWD_SERVING = ("cu_seqlens", "ssm_states", "cache_indices", "has_initial_state")
+BWD_SERVING = ("cu_seqlens", "cache_indices", "has_initial_state")
+
+
 class FwdArgs(ctypes.Structure):
     _fields_ = (
         [("struct_size", ctypes.c_size_t)]
         + [(n, Tensor) for n in FWD_INPUTS]
         + [("delta_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
         + [(n, Tensor) for n in FWD_OUTPUTS]
+        + [(n, Tensor) for n in FWD_SERVING] + [("pad_slot_id", ctypes.c_int64)]  # since 0.3
     )
 
 
@@ -118,6 +125,7 @@ class BwdArgs(ctypes.Structure):
         + [(n, Tensor) for n in BWD_SAVED]
         + [(n, Tensor) for n in BWD_OUTPUTS]
         + [("flags", ctypes.c_int32), ("reserved", ctypes.c_int32)]  # since 0.2; must be 0
+        + [(n, Tensor) for n in BWD_SERVING] + [("pad_slot_id", ctypes.c_int64)]  # since 0.3
     )
 
 

@@ -425,6 +425,56 @@ class _ScanFn(torch.autograd.Function):
         return du, ddelta, _match(dA, A), _match(dB, B), _match(dC, C), dD, dz, dbias, None, None
 
 
+class _ServingScanFn(torch.autograd.Function):
+    """selective_scan_fn with serving arguments (docs/serving.md): packed sequences, per-sequence initial states,
+    a state pool. The general path (_core), kept apart from the dense fast path. The pool is updated in place and
+    is not differentiable; the states the sequences started from get gradients through initial_state."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state, sv_args):
+        be = TorchBackend(u)
+        p = _core.prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state)
+        sv = _core.Serving(be, *sv_args)
+        grad = any(ctx.needs_input_grad[:9])
+        h0 = None
+        pool = sv.t["ssm_states"]
+        if grad and pool is not None:
+            # The backward starts each sequence where the forward did: gather the slots before they are overwritten.
+            idx = sv.t["cache_indices"]
+            n = sv.sequences(u.shape[0])
+            idx = torch.arange(n, device=u.device) if idx is None else idx.long()
+            keep = (idx >= 0) & (idx < pool.shape[0])
+            h0 = pool[torch.where(keep, idx, torch.zeros_like(idx))] * keep.view(-1, 1, 1).to(pool.dtype)
+        r = _core.run_fwd(p, delta_softplus, want_x=grad and _core.needs_x(p, sv), want_last=return_last_state,
+                          serving=sv)
+        ctx.p, ctx.sv, ctx.softplus, ctx.h0 = p, sv, delta_softplus, h0
+        ctx.saved = (r["out"] if z is not None else None, r["x"])
+        ctx.in_dtypes = (None if D is None else D.dtype, None if delta_bias is None else delta_bias.dtype)
+        y = r["out_z"] if z is not None else r["out"]
+        if return_last_state:
+            ctx.mark_non_differentiable(r["last_state"])
+            return y, r["last_state"]
+        return y
+
+    @staticmethod
+    def backward(ctx, dy, *unused):
+        p, sv = ctx.p, ctx.sv
+        if ctx.h0 is not None:  # a pool call: its sequences' starting states as h0
+            p.t["h0"] = ctx.h0
+        out, x = ctx.saved
+        det = torch.are_deterministic_algorithms_enabled()
+        g = _core.run_bwd(p, dy.contiguous(), ctx.softplus, deterministic=det, saved_out=out, saved_x=x, serving=sv)
+        dD, dbias = g["dD"], g["ddelta_bias"]
+        d_dt, b_dt = ctx.in_dtypes
+        if dD is not None and dD.dtype != d_dt:
+            dD = dD.to(d_dt)
+        if dbias is not None and dbias.dtype != b_dt:
+            dbias = dbias.to(b_dt)
+        grads = [_core.user_grad(p, k, g[k]) for k in ("du", "ddelta", "dA", "dB", "dC")]
+        dh0 = g["dh0"] if ctx.h0 is None else None
+        return (*grads, dD, g["dz"], dbias, dh0, None, None, None)
+
+
 def _as_f32(t):
     return t if t is None or t.dtype is torch.float32 else t.float()
 
@@ -468,11 +518,22 @@ def _check_io_dtype(u):
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False):
+                      return_last_state=False, *, cu_seqlens=None, initial_state=None, ssm_states=None,
+                      cache_indices=None, has_initial_state=None, pad_slot_id=-1):
     """u, delta, z: (batch, dim, seqlen); A: (dim, dstate) float32 or complex64; B, C: (dim, dstate) or
     (batch, dstate, seqlen) / (batch, groups, dstate, seqlen) (complex A: seqlen*2, Re/Im interleaved);
     D, delta_bias: (dim,) float32. Returns out (out * silu(z) when z is given), and last_state
-    (batch, dim, dstate) when return_last_state."""
+    (batch, dim, dstate) when return_last_state.
+    Serving (docs/serving.md; keyword-only, eager autograd, not traced by torch.compile): cu_seqlens packs
+    sequences along seqlen (u (1, dim, total_len)); initial_state (sequences, dim, dstate) is differentiable;
+    ssm_states (slots, dim, dstate) is a state pool updated in place, cache_indices / has_initial_state /
+    pad_slot_id as the C ABI's."""
+    if not (cu_seqlens is None and initial_state is None and ssm_states is None and cache_indices is None
+            and has_initial_state is None):
+        _check_io_dtype(u)
+        sv_args = (cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id)
+        return _ServingScanFn.apply(u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus),
+                                    bool(return_last_state), sv_args)
     _check_io_dtype(u)
     if delta is None or A is None or B is None or C is None:
         missing = next(n for n, t in (("delta", delta), ("A", A), ("B", B), ("C", C)) if t is None)

@@ -16,6 +16,7 @@
 #include "common.h"
 #include "cpu.h"
 #include "rows.h"
+#include "serving.h"
 
 namespace selscan::cpu {
 namespace {
@@ -37,28 +38,30 @@ struct BwdScratch {
 
 template <class W>
 Status bwd_impl(const Problem& p, int num_threads) {
-  const int64_t Bt = p.batch, D = p.dim, L = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
-  const int64_t Np = padded_states(N), nc = p.nchunks, Tc = std::min(kChunk, L);
+  // Ltot, ncmax: the time axis of every row and x's chunk slots (a serving call's sequences are at most this long).
+  const int64_t Bt = p.batch, D = p.dim, Ltot = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
+  const int64_t Np = padded_states(N), ncmax = p.nchunks, Tc = std::min(kChunk, Ltot), R = p.rows();
   const bool vb = p.var_B, vc = p.var_C, fold = p.fold_B, has_z = p.z.present();
   const int64_t K = std::min(cpg, kBlockChannels), blocks = (cpg + K - 1) / K;
   const size_t rowsN = static_cast<size_t>(Bt * D * Np);
 
-  // Per-row partials of the batch reductions, and the group accumulators of variable dB/dC ([L][Np]).
+  // Per-row partials of the batch reductions (a row per sequence), and the group accumulators of variable dB/dC
+  // ([L][Np] per row of B/C).
   std::vector<W> dA_part(rowsN), dB_part(vb ? 0 : rowsN), dC_part(vc ? 0 : rowsN);
   std::vector<float> dD_part(static_cast<size_t>(Bt * D)), ddb_part(static_cast<size_t>(Bt * D));
-  const size_t acc_len = static_cast<size_t>(L * Np);
-  std::vector<W> accB(vb ? static_cast<size_t>(Bt * G) * acc_len : 0);
-  std::vector<W> accC(vc ? static_cast<size_t>(Bt * G) * acc_len : 0);
+  const size_t acc_len = static_cast<size_t>(Ltot * Np);
+  std::vector<W> accB(vb ? static_cast<size_t>(R * G) * acc_len : 0);
+  std::vector<W> accC(vc ? static_cast<size_t>(R * G) * acc_len : 0);
   // Per (b, g, chunk): the block whose add of that chunk is next.
   std::unique_ptr<std::atomic<int64_t>[]> turn;
   if (vb || vc) {
-    turn.reset(new std::atomic<int64_t>[static_cast<size_t>(Bt * G * nc)]);
-    for (int64_t i = 0; i < Bt * G * nc; ++i) turn[static_cast<size_t>(i)].store(0);
+    turn.reset(new std::atomic<int64_t>[static_cast<size_t>(Bt * G * ncmax)]);
+    for (int64_t i = 0; i < Bt * G * ncmax; ++i) turn[static_cast<size_t>(i)].store(0);
   }
   std::atomic<bool> abort{false};
 
   const int64_t ntasks = Bt * G * blocks;
-  const int nthreads = resolve_threads(num_threads, ntasks, Bt * D * L * N);
+  const int nthreads = resolve_threads(num_threads, ntasks, R * D * Ltot * N);
   std::vector<std::unique_ptr<BwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
 
   auto body = [&](int64_t task, int worker) {
@@ -73,29 +76,44 @@ Status bwd_impl(const Problem& p, int num_threads) {
       if (vc) sp->Ct.resize(tn), sp->dCt.resize(tn), sp->dCsum.resize(tn);
       sp->hs.resize(static_cast<size_t>((Tc + 1) * Np));
       sp->as.resize(tn);
-      if (nc > 1 && !p.x.present()) sp->seeds.resize(static_cast<size_t>(K * nc * Np));
+      if (ncmax > 1 && !p.x.present()) sp->seeds.resize(static_cast<size_t>(K * ncmax * Np));
       for (auto* v : {&sp->carry, &sp->S1, &sp->S2, &sp->S3}) v->resize(static_cast<size_t>(K * Np));
       sp->consts.resize(static_cast<size_t>(K));
       for (auto& c : sp->consts) c.resize(Np);
     }
     BwdScratch<W>& s = *sp;
-    const int64_t b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
+    const int64_t task_b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
     const int64_t d0 = g * cpg + kb * K, nr = std::min(K, cpg - kb * K);
+    // A serving call runs sequence task_b as a batch of one (serving.h); a dense call reads row task_b of p. The
+    // partials are per sequence (task_b); the group accumulators per row of B/C, from the sequence's offset.
+    SeqProblem seq;
+    if (p.serving) seq = sequence_problem(p, task_b);
+    const Problem& q = p.serving ? seq.q : p;
+    const int64_t b = p.serving ? 0 : task_b, L = q.seqlen, nc = q.nchunks;
+    const int64_t acc_row = p.serving ? seq.row : task_b, acc_t0 = seq.start;
 
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t d = d0 + r;
-      s.consts[static_cast<size_t>(r)].fill(p, d);
-      dD_part[static_cast<size_t>(b * D + d)] = 0.f;
-      ddb_part[static_cast<size_t>(b * D + d)] = 0.f;
-      W* dA = dA_part.data() + (b * D + d) * Np;
+      s.consts[static_cast<size_t>(r)].fill(q, d);
+      dD_part[static_cast<size_t>(task_b * D + d)] = 0.f;
+      ddb_part[static_cast<size_t>(task_b * D + d)] = 0.f;
+      W* dA = dA_part.data() + (task_b * D + d) * Np;
       std::fill(dA, dA + Np, W{});
     }
     for (auto* v : {&s.carry, &s.S1, &s.S2, &s.S3}) std::fill(v->begin(), v->end(), W{});
+    if (seq.pad) {  // padding: every gradient 0, nothing added to the reductions (its partials stay 0)
+      for (int64_t d = d0; d < d0 + nr; ++d) {
+        for (const View* v : {&q.du, &q.ddelta, &q.dz, &q.out_z}) zero_row(q, *v, b, d, L);
+        if (q.dh0.present())
+          for (int64_t n = 0; n < N; ++n) wstore(q.dh0, b * q.dh0.s[0] + d * q.dh0.s[1] + n * q.dh0.s[2], W{});
+      }
+      return;
+    }
 
     // The state before chunk c of row r.
     auto h0_into = [&](int64_t d, W* dst) {
       for (int64_t n = 0; n < Np; ++n)
-        dst[n] = (n < N && p.h0.present()) ? wload<W>(p.h0, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : W{};
+        dst[n] = (n < N && q.h0.present()) ? wload<W>(q.h0, b * q.h0.s[0] + d * q.h0.s[1] + n * q.h0.s[2]) : W{};
     };
     std::vector<W> seed_buf(static_cast<size_t>(Np));
     auto seed_of = [&](int64_t r, int64_t c) -> const W* {
@@ -104,25 +122,25 @@ Status bwd_impl(const Problem& p, int num_threads) {
         h0_into(d, seed_buf.data());
         return seed_buf.data();
       }
-      if (!p.x.present()) return s.seeds.data() + (r * nc + c) * Np;
-      const int64_t base = b * p.x.s[0] + d * p.x.s[1] + (c - 1) * p.x.s[2];
-      for (int64_t n = 0; n < Np; ++n) seed_buf[static_cast<size_t>(n)] = n < N ? wload<W>(p.x, base + 2 * n + 1) : W{};
+      if (!q.x.present()) return s.seeds.data() + (r * nc + c) * Np;
+      const int64_t base = b * q.x.s[0] + d * q.x.s[1] + (c - 1) * q.x.s[2];
+      for (int64_t n = 0; n < Np; ++n) seed_buf[static_cast<size_t>(n)] = n < N ? wload<W>(q.x, base + 2 * n + 1) : W{};
       return seed_buf.data();
     };
     // δ, δu of chunk rows (t0, T) of channel d into s.delta / s.du (s.pre: before softplus; s.u: u).
     auto load_dt = [&](int64_t d, int64_t t0, int64_t T) {
-      load_delta(p, b, d, t0, T, s.delta.data(), s.pre.data());
-      load_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
+      load_delta(q, b, d, t0, T, s.delta.data(), s.pre.data());
+      load_row(q.itype, q.u.p, bdl_offset(q.u, b, d) + t0, T, s.u.data());
       for (int64_t t = 0; t < T; ++t) s.du[t] = s.delta[t] * s.u[t];
     };
 
     // Without x, recompute the chunk seeds with the forward kernel (exactly the forward's states).
-    if (nc > 1 && !p.x.present()) {
+    if (nc > 1 && !q.x.present()) {
       for (int64_t r = 0; r < nr; ++r) h0_into(d0 + r, s.seeds.data() + r * nc * Np);
       for (int64_t c = 0; c + 1 < nc; ++c) {
         const int64_t t0 = c * kChunk;
-        if (vb) load_bc_block(p, p.B, b, g, t0, kChunk, Np, s.tmp.data(), s.Bt.data());
-        if (vc) load_bc_block(p, p.C, b, g, t0, kChunk, Np, s.tmp.data(), s.Ct.data());
+        if (vb) load_bc_block(q, q.B, b, g, t0, kChunk, Np, s.tmp.data(), s.Bt.data());
+        if (vc) load_bc_block(q, q.C, b, g, t0, kChunk, Np, s.tmp.data(), s.Ct.data());
         for (int64_t r = 0; r < nr; ++r) {
           const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
           load_dt(d0 + r, t0, kChunk);
@@ -140,19 +158,19 @@ Status bwd_impl(const Problem& p, int num_threads) {
 
     for (int64_t c = nc - 1; c >= 0; --c) {
       const int64_t t0 = c * kChunk, T = std::min(kChunk, L - t0);
-      if (vb) load_bc_block(p, p.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
-      if (vc) load_bc_block(p, p.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
+      if (vb) load_bc_block(q, q.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
+      if (vc) load_bc_block(q, q.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
       for (int64_t r = 0; r < nr; ++r) {
-        const int64_t d = d0 + r, row = b * D + d;
+        const int64_t d = d0 + r, row = task_b * D + d;
         const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
         load_dt(d, t0, T);
-        load_row(p.itype, p.dout.p, bdl_offset(p.dout, b, d) + t0, T, s.dy.data());
+        load_row(q.itype, q.dout.p, bdl_offset(q.dout, b, d) + t0, T, s.dy.data());
         if (has_z) {
           // Gate: dz from the saved (rounded) out; dy = dout * silu(z); out_z recomputed from the saved out.
           float* zr = s.out1.data();
           float* outr = s.out2.data();
-          load_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, zr);
-          load_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, outr);
+          load_row(q.itype, q.z.p, bdl_offset(q.z, b, d) + t0, T, zr);
+          load_row(q.itype, q.out.p, bdl_offset(q.out, b, d) + t0, T, outr);
           for (int64_t t = 0; t < T; ++t) {
             const float zt = zr[t], ot = outr[t], dout = s.dy[t];
             const float sg = sigmoid(zt), silu = zt * sg;
@@ -160,8 +178,8 @@ Status bwd_impl(const Problem& p, int num_threads) {
             s.dy[t] = dout * silu;
             outr[t] = ot * silu;  // recomputed out_z
           }
-          store_row(p.itype, p.dz.p, bdl_offset(p.dz, b, d) + t0, T, zr);
-          if (p.out_z.present()) store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, outr);
+          store_row(q.itype, q.dz.p, bdl_offset(q.dz, b, d) + t0, T, zr);
+          if (q.out_z.present()) store_row(q.itype, q.out_z.p, bdl_offset(q.out_z, b, d) + t0, T, outr);
         }
         float dD = 0.f;
         for (int64_t t = 0; t < T; ++t) dD += s.dy[t] * s.u[t];
@@ -204,30 +222,30 @@ Status bwd_impl(const Problem& p, int num_threads) {
         }
 
         // du, ddelta (softplus chain), ddelta_bias partial.
-        const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
+        const float Dd = q.D.present() ? fload(q.D, d * q.D.s[0]) : 0.f;
         float* du_out = s.out1.data();
         float* dd_out = s.out2.data();
         float ddb = 0.f;
         for (int64_t t = 0; t < T; ++t) {
           du_out[t] = Dd * s.dy[t] + s.delta[t] * s.gsum[t];
           float dd = s.u[t] * s.gsum[t] + s.dsum[t];
-          if (p.softplus && s.pre[t] <= 20.f) dd *= sigmoid(s.pre[t]);
+          if (q.softplus && s.pre[t] <= 20.f) dd *= sigmoid(s.pre[t]);
           dd_out[t] = dd;
           ddb += dd;
         }
         ddb_part[static_cast<size_t>(row)] += ddb;
-        store_row(p.itype, p.du.p, bdl_offset(p.du, b, d) + t0, T, du_out);
-        store_row(p.itype, p.ddelta.p, bdl_offset(p.ddelta, b, d) + t0, T, dd_out);
+        store_row(q.itype, q.du.p, bdl_offset(q.du, b, d) + t0, T, du_out);
+        store_row(q.itype, q.ddelta.p, bdl_offset(q.ddelta, b, d) + t0, T, dd_out);
       }
 
       // Variable dB/dC: add the block's chunk sums into the group accumulator, in block order.
       if (vb || vc) {
-        std::atomic<int64_t>& my_turn = turn[static_cast<size_t>((b * G + g) * nc + c)];
+        std::atomic<int64_t>& my_turn = turn[static_cast<size_t>((task_b * G + g) * ncmax + c)];
         while (my_turn.load(std::memory_order_acquire) != kb) {
           if (abort.load(std::memory_order_relaxed)) throw Aborted{};
           std::this_thread::yield();
         }
-        const size_t base = static_cast<size_t>(b * G + g) * acc_len + static_cast<size_t>(t0 * Np);
+        const size_t base = static_cast<size_t>(acc_row * G + g) * acc_len + static_cast<size_t>((acc_t0 + t0) * Np);
         const size_t n = static_cast<size_t>(T * Np);
         if (vb)
           for (size_t i = 0; i < n; ++i) accB[base + i] += s.dBsum[i];
@@ -238,10 +256,11 @@ Status bwd_impl(const Problem& p, int num_threads) {
     }
 
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t d = d0 + r, row = b * D + d;
+      const int64_t d = d0 + r, row = task_b * D + d;
       const W* carry = s.carry.data() + r * Np;  // ā_0 dh_0: the gradient of h0
-      if (p.dh0.present())
-        for (int64_t n = 0; n < N; ++n) wstore(p.dh0, b * p.dh0.s[0] + d * p.dh0.s[1] + n * p.dh0.s[2], carry[n]);
+      if (q.dh0.present())  // 0 for a sequence that started from zero rather than its h0 row
+        for (int64_t n = 0; n < N; ++n)
+          wstore(q.dh0, b * q.dh0.s[0] + d * q.dh0.s[1] + n * q.dh0.s[2], seq.from_state ? carry[n] : W{});
       // Constant dB/dC of this row (see BwdChunkT for S1..S3).
       const W* S1 = s.S1.data() + r * Np;
       const W* S2 = s.S2.data() + r * Np;
@@ -252,7 +271,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
         if (!vb) {
           if (!fold) dB_part[i] = S3[n];
           else if (vc) dB_part[i] = S2[n];
-          else dB_part[i] = S1[n] * conj(wload<W>(p.C, d * p.C.s[0] + n * p.C.s[1]));
+          else dB_part[i] = S1[n] * conj(wload<W>(q.C, d * q.C.s[0] + n * q.C.s[1]));
         }
         if (!vc) dC_part[i] = S1[n] * conj(cc.Cs[n]);
       }
@@ -285,8 +304,8 @@ Status bwd_impl(const Problem& p, int num_threads) {
 
   // Variable dB/dC: [L][Np] accumulators -> (Bt, G, N, L or 2L) itype, rounded once.
   if (vb || vc) {
-    const int64_t wl = p.is_complex ? 2 * L : L;
-    const int nt = resolve_threads(num_threads, Bt * G, Bt * G * N * L);
+    const int64_t wl = p.is_complex ? 2 * Ltot : Ltot;
+    const int nt = resolve_threads(num_threads, R * G, R * G * N * Ltot);
     std::vector<std::vector<float>> rows(static_cast<size_t>(nt));
     auto convert = [&](int64_t task, int worker) {
       std::vector<float>& r = rows[static_cast<size_t>(worker)];
@@ -297,7 +316,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
         const View& v = which == 0 ? p.dB : p.dC;
         const W* acc = (which == 0 ? accB : accC).data() + static_cast<size_t>(task) * acc_len;
         for (int64_t n = 0; n < N; ++n) {
-          for (int64_t t = 0; t < L; ++t) {
+          for (int64_t t = 0; t < Ltot; ++t) {
             if constexpr (sizeof(W) == sizeof(float)) {
               r[static_cast<size_t>(t)] = reinterpret_cast<const float*>(acc)[t * Np + n];
             } else {
@@ -310,7 +329,7 @@ Status bwd_impl(const Problem& p, int num_threads) {
         }
       }
     };
-    if (Status st = run_tasks(Bt * G, nt, convert); st != SELSCAN_STATUS_SUCCESS) return st;
+    if (Status st = run_tasks(R * G, nt, convert); st != SELSCAN_STATUS_SUCCESS) return st;
   }
   return SELSCAN_STATUS_SUCCESS;
 }

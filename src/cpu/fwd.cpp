@@ -9,6 +9,7 @@
 #include "common.h"
 #include "cpu.h"
 #include "rows.h"
+#include "serving.h"
 
 namespace selscan::cpu {
 namespace {
@@ -30,17 +31,19 @@ struct FwdScratch {
 
 template <class W>
 Status fwd_impl(const Problem& p, int num_threads) {
-  const int64_t Bt = p.batch, D = p.dim, L = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
+  // Ltot: the time axis of every row (a serving call's sequences are at most this long).
+  const int64_t Bt = p.batch, D = p.dim, Ltot = p.seqlen, N = p.dstate, G = p.groups, cpg = D / G;
   const int64_t Np = padded_states(N);
-  const int64_t TB = std::min(time_block(Np), L);
+  const int64_t TB = std::min(time_block(Np), Ltot);
+  const int64_t updates = p.rows() * D * Ltot * N;
   const bool vb = p.var_B, vc = p.var_C, with_P = p.x.present();
 
   // Channel blocks: about 4 tasks per thread, at most 64 channels each (the row state lives in scratch).
-  const int guess = resolve_threads(num_threads, Bt * D, Bt * D * L * N);
+  const int guess = resolve_threads(num_threads, Bt * D, updates);
   const int64_t K = std::min<int64_t>(cpg, std::clamp<int64_t>((Bt * D + 4 * guess - 1) / (4 * guess), 1, 64));
   const int64_t blocks = (cpg + K - 1) / K;
   const int64_t ntasks = Bt * G * blocks;
-  const int nthreads = resolve_threads(num_threads, ntasks, Bt * D * L * N);
+  const int nthreads = resolve_threads(num_threads, ntasks, updates);
   std::vector<std::unique_ptr<FwdScratch<W>>> scratch(static_cast<size_t>(nthreads));
 
   auto body = [&](int64_t task, int worker) {
@@ -57,32 +60,47 @@ Status fwd_impl(const Problem& p, int num_threads) {
       for (auto& c : sp->consts) c.resize(Np);
     }
     FwdScratch<W>& s = *sp;
-    const int64_t b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
+    const int64_t task_b = task / (G * blocks), g = (task / blocks) % G, kb = task % blocks;
     const int64_t d0 = g * cpg + kb * K, nr = std::min(K, cpg - kb * K);
+    // A serving call runs sequence task_b as a batch of one (serving.h); a dense call reads row task_b of p.
+    SeqProblem seq;
+    if (p.serving) seq = sequence_problem(p, task_b);
+    const Problem& q = p.serving ? seq.q : p;
+    const int64_t b = p.serving ? 0 : task_b, L = q.seqlen;
+    if (seq.pad) {  // padding: outputs 0, no state read or written
+      for (int64_t d = d0; d < d0 + nr; ++d) {
+        zero_row(q, q.out, b, d, L);
+        zero_row(q, q.out_z, b, d, L);
+        if (q.last_state.present())
+          for (int64_t n = 0; n < N; ++n)
+            wstore(q.last_state, b * q.last_state.s[0] + d * q.last_state.s[1] + n * q.last_state.s[2], W{});
+      }
+      return;
+    }
 
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t d = d0 + r;
-      s.consts[static_cast<size_t>(r)].fill(p, d);
+      s.consts[static_cast<size_t>(r)].fill(q, d);
       W* h = s.h.data() + r * Np;
       W* P = s.P.data() + r * Np;
       for (int64_t n = 0; n < Np; ++n) {
-        h[n] = (n < N && p.h0.present()) ? wload<W>(p.h0, b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2]) : W{};
+        h[n] = (n < N && q.h0.present()) ? wload<W>(q.h0, b * q.h0.s[0] + d * q.h0.s[1] + n * q.h0.s[2]) : W{};
         P[n] = wone<W>();
       }
     }
 
     for (int64_t t0 = 0; t0 < L; t0 += TB) {
       const int64_t T = std::min(TB, L - t0);
-      if (vb) load_bc_block(p, p.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
-      if (vc) load_bc_block(p, p.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
+      if (vb) load_bc_block(q, q.B, b, g, t0, T, Np, s.tmp.data(), s.Bt.data());
+      if (vc) load_bc_block(q, q.C, b, g, t0, T, Np, s.tmp.data(), s.Ct.data());
       const bool chunk_end = (t0 + T) % kChunk == 0 || t0 + T == L;
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t d = d0 + r;
         const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
-        load_delta(p, b, d, t0, T, s.delta.data());
-        const float* u = input_row(p.itype, p.u.p, bdl_offset(p.u, b, d) + t0, T, s.u.data());
+        load_delta(q, b, d, t0, T, s.delta.data());
+        const float* u = input_row(q.itype, q.u.p, bdl_offset(q.u, b, d) + t0, T, s.u.data());
         // Upstream multiplies by D even when it is absent (D = 0), so NaN/inf in u reach y either way.
-        const float Dd = p.D.present() ? fload(p.D, d * p.D.s[0]) : 0.f;
+        const float Dd = q.D.present() ? fload(q.D, d * q.D.s[0]) : 0.f;
         float* du = s.du.data();
         float* y = s.y.data();
         const float* dl = s.delta.data();
@@ -98,33 +116,33 @@ Status fwd_impl(const Problem& p, int num_threads) {
         k.N = N;
         run_fwd_kernel(k, vb, vc, with_P);
 
-        store_row(p.itype, p.out.p, bdl_offset(p.out, b, d) + t0, T, s.y.data());
-        if (p.z.present()) {
-          const float* z = input_row(p.itype, p.z.p, bdl_offset(p.z, b, d) + t0, T, s.z.data());
+        store_row(q.itype, q.out.p, bdl_offset(q.out, b, d) + t0, T, s.y.data());
+        if (q.z.present()) {
+          const float* z = input_row(q.itype, q.z.p, bdl_offset(q.z, b, d) + t0, T, s.z.data());
           float* oz = s.u.data();  // u is no longer needed
           for (int64_t t = 0; t < T; ++t) oz[t] = y[t] * z[t] / (1.f + std::exp(-z[t]));
-          store_row(p.itype, p.out_z.p, bdl_offset(p.out_z, b, d) + t0, T, oz);
+          store_row(q.itype, q.out_z.p, bdl_offset(q.out_z, b, d) + t0, T, oz);
         }
         if (with_P && chunk_end) {
           const int64_t c = (t0 + T - 1) / kChunk;
-          const int64_t base = b * p.x.s[0] + d * p.x.s[1] + c * p.x.s[2];
+          const int64_t base = b * q.x.s[0] + d * q.x.s[1] + c * q.x.s[2];
           for (int64_t n = 0; n < N; ++n) {
-            wstore(p.x, base + 2 * n, P[n]);
-            wstore(p.x, base + 2 * n + 1, h[n]);
+            wstore(q.x, base + 2 * n, P[n]);
+            wstore(q.x, base + 2 * n + 1, h[n]);
           }
         }
       }
     }
 
-    if (p.last_state.present()) {
+    if (q.last_state.present()) {
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t d = d0 + r;
         const W* h = s.h.data() + r * Np;
         const ChannelConsts<W>& cc = s.consts[static_cast<size_t>(r)];
         for (int64_t n = 0; n < N; ++n) {
           // With fold_B the scanned state is h / B; Cs holds B then (1 otherwise).
-          const W v = p.fold_B ? cc.Cs[n] * h[n] : h[n];
-          wstore(p.last_state, b * p.last_state.s[0] + d * p.last_state.s[1] + n * p.last_state.s[2], v);
+          const W v = q.fold_B ? cc.Cs[n] * h[n] : h[n];
+          wstore(q.last_state, b * q.last_state.s[0] + d * q.last_state.s[1] + n * q.last_state.s[2], v);
         }
       }
     }

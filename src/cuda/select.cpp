@@ -214,7 +214,9 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   int64_t blocks = 0;
   int per_block = 0;
   size_t smem = 0;
-  if (force != Force::warp && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
+  // Serving calls (packed sequences, state pools) run on the warp-scan kernel: the thread-states kernel serves
+  // dense calls only.
+  if (force != Force::warp && !p.serving && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;
@@ -246,7 +248,7 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
   pl.det_var = p.deterministic && nvar > 0;
   const SmemClass cls = smem_class(dev.smem_optin);
   size_t smem = 0;
-  if (force != Force::warp && bwd_ts_plan(p, cls, force == Force::ts, &pl.ts)) {
+  if (force != Force::warp && !p.serving && bwd_ts_plan(p, cls, force == Force::ts, &pl.ts)) {
     pl.kernel = Kernel::ts;
     pl.images = pl.det_var ? pl.ts.tiles : 1;
     smem = pl.ts.smem;
@@ -261,9 +263,10 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
                            smem, dev);
 
   // Workspace: per-(b,d) partials of the per-state sums [nacc][Bt][D][N] (weights-typed) and of dD, ddelta_bias
-  // [2][Bt][D]; the variable dB, dC images [images][Bt][G][N][Lp]; the thread-states kernel's tile checkpoints.
+  // [2][Bt][D]; the variable dB, dC images [images][rows][G][N][Lp] (rows: 1 for packed sequences); the
+  // thread-states kernel's tile checkpoints.
   pl.var_row = (p.seqlen * wsz + 3) / 4 * 4;
-  pl.var_elems = p.batch * p.groups * p.dstate * pl.var_row;
+  pl.var_elems = p.rows() * p.groups * p.dstate * pl.var_row;
   const size_t img = static_cast<size_t>(pl.var_elems) * sizeof(float) * static_cast<size_t>(pl.images);
   size_t off = 0;
   pl.off_pw = off;

@@ -282,5 +282,27 @@ TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   EXPECT_NE(msg.find("needs 47104 bytes of shared memory per block, device 3 allows 32768"), std::string::npos) << msg;
 }
 
+// Serving calls (docs/serving.md) run the warp-scan kernels in both directions, even on shapes (and with the
+// override) that take the thread-states kernels when dense; a packed call's variable dB/dC images have one row.
+TEST(KernelChoice, ServingCallsRunTheWarpScanKernels) {
+  Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, true});
+  cuda::FwdPlan f;
+  cuda::BwdPlan b;
+  ASSERT_EQ(cuda::plan_fwd(p, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
+  ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &b), SELSCAN_STATUS_SUCCESS);
+  ASSERT_EQ(f.kernel, cuda::Kernel::ts) << "the dense call of this shape takes the thread-states kernels";
+  ASSERT_EQ(b.kernel, cuda::Kernel::ts);
+  const int64_t dense_elems = b.var_elems;
+  p.serving = p.varlen = true;
+  p.fold_B = false;
+  for (cuda::Force force : {cuda::Force::none, cuda::Force::ts}) {
+    EXPECT_EQ(cuda::plan_fwd(p, kH200, force, &f), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(cuda::plan_bwd(p, kH200, force, &b), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(f.kernel, cuda::Kernel::warp);
+    EXPECT_EQ(b.kernel, cuda::Kernel::warp);
+    EXPECT_EQ(b.var_elems * p.batch, dense_elems) << "packed: one batch row of variable B/C";
+  }
+}
+
 }  // namespace
 }  // namespace selscan_test

@@ -1,0 +1,82 @@
+// Where sequence b of a call lives (docs/serving.md), worked out by each block on the device: a dense call's batch row
+// b over [0, seqlen), its h0 row and last_state row; a serving call's offsets from cu_seqlens, its slot from
+// cache_indices and its flag from has_initial_state. The index tensors are read here only, never on the host, so
+// serving calls stay capturable in CUDA graphs.
+//
+// Robust to bad contents (the host cannot check device memory): offsets are clamped into [0, total_len] (a bad
+// cu_seqlens gives wrong values, never an access outside the tensors), and a cache index outside [0, S) that is not
+// the padding id reads and writes no slot (its outputs are NaN).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "math.cuh"
+#include "problem.h"
+
+namespace selscan::kern {
+
+enum SeqSkip : int {
+  kSeqRun = 0,      // scan it
+  kSeqPad = 1,      // padding: outputs 0, no slot read or written, zero gradients
+  kSeqBadSlot = 2,  // cache index outside the pool: outputs NaN, no slot read or written
+};
+
+struct Seq {
+  int64_t row;  // batch row of the (Bt, D, L) tensors and of variable B/C
+  int64_t t0;   // its first time step in them
+  int64_t len;  // its length
+  int64_t xc0;  // chunk slot of its first chunk in x (row `row`)
+  View init;    // the state it starts from, at element d * s[1] + n * s[2] (p == nullptr: zero)
+  View fin;     // where its final state goes, likewise (p == nullptr: nowhere)
+  int skip;     // SeqSkip
+};
+
+__device__ __forceinline__ int64_t load_entry(const View& v, bool i64, int64_t i) {
+  return i64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(v.p) + i * v.s[0]))
+             : static_cast<int64_t>(__ldg(static_cast<const int*>(v.p) + i * v.s[0]));
+}
+
+// Row `r` of a (rows, D, N) weights-typed view (absent stays absent).
+template <bool kC>
+__device__ __forceinline__ View state_row(const View& v, int64_t r) {
+  View s = v;
+  if (s.p != nullptr) s.p = static_cast<typename Weights<kC>::W*>(s.p) + r * v.s[0];
+  return s;
+}
+
+template <bool kC>
+__device__ __forceinline__ Seq seq_of(const Problem& p, int64_t b) {
+  Seq s{b, 0, p.seqlen, 0, state_row<kC>(p.h0, b), state_row<kC>(p.last_state, b), kSeqRun};
+  if (!p.serving) return s;
+  if (p.varlen) {
+    const int64_t total = p.seqlen;
+    int64_t a = load_entry(p.cu_seqlens, p.cu_i64, b), e = load_entry(p.cu_seqlens, p.cu_i64, b + 1);
+    a = a < 0 ? 0 : (a > total ? total : a);
+    e = e < a ? a : (e > total ? total : e);
+    s.row = 0;
+    s.t0 = a;
+    s.len = e - a;
+    s.xc0 = seq_chunk0(a, b);
+  }
+  bool from_state = true;
+  if (p.has_init.p != nullptr)
+    from_state = p.init_i32 ? __ldg(static_cast<const int*>(p.has_init.p) + b * p.has_init.s[0]) != 0
+                            : __ldg(static_cast<const unsigned char*>(p.has_init.p) + b * p.has_init.s[0]) != 0;
+  int64_t slot = b;
+  if (p.cache_indices.p != nullptr) {
+    slot = load_entry(p.cache_indices, p.idx_i64, b);
+    if (slot == p.pad_slot_id) s.skip = kSeqPad;
+  }
+  if (p.ssm_states.p != nullptr) {
+    if (s.skip == kSeqRun && (slot < 0 || slot >= p.slots)) s.skip = kSeqBadSlot;
+    // The slot is read (before the same warp overwrites it) and written in place.
+    s.fin = s.skip == kSeqRun ? state_row<kC>(p.ssm_states, slot) : View{};
+    s.init = s.fin;
+  }
+  if (s.skip != kSeqRun || !from_state) s.init.p = nullptr;
+  return s;
+}
+
+}  // namespace selscan::kern

@@ -1,0 +1,485 @@
+#include "varlen_case.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "compare.h"
+
+namespace selscan_test {
+
+namespace {
+
+int64_t chunks_of(int64_t len) { return (len + 2047) / 2048; }
+
+// The case's own states (h0 rows, pool slots): normal values from a generator of their own.
+void fill_states(Tensor& t, bool cplx, std::mt19937_64& g) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (int64_t i = 0; i < t.sizes[0]; ++i)
+    for (int64_t d = 0; d < t.sizes[1]; ++d)
+      for (int64_t n = 0; n < t.sizes[2]; ++n) {
+        const double re = nd(g);
+        t.setc({i, d, n}, cplx ? cd(re, nd(g)) : cd(re, 0.0));
+      }
+}
+
+Tensor copy_of(const Tensor& t) { return t; }
+
+}  // namespace
+
+int64_t VarlenSpec::total() const {
+  int64_t t = 0;
+  for (int64_t l : lens) t += l;
+  return t;
+}
+
+bool VarlenSpec::starts_from_state(int64_t b) const {
+  if (init == InitFrom::none || pad(b)) return false;
+  return has_init.empty() || has_init[static_cast<size_t>(b)] != 0;
+}
+
+std::string VarlenSpec::str() const {
+  std::ostringstream os;
+  os << (packed ? "packed lens=[" : "dense lens=[");
+  for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
+  os << "] D=" << dim << " N=" << dstate << " G=" << groups << " itype=" << dtype_name(itype)
+     << (complex ? " complex" : " real") << " B=" << (var_B ? "var" : "const") << " C=" << (var_C ? "var" : "const")
+     << " init=" << (init == InitFrom::none ? "none" : init == InitFrom::h0 ? "h0" : "pool");
+  if (!cache_indices.empty()) {
+    os << " idx=[";
+    for (size_t i = 0; i < cache_indices.size(); ++i) os << (i ? "," : "") << cache_indices[i];
+    os << "] pad=" << pad_slot_id;
+  }
+  if (!has_init.empty()) {
+    os << " has_init=[";
+    for (size_t i = 0; i < has_init.size(); ++i) os << (i ? "," : "") << has_init[i];
+    os << "]";
+  }
+  os << " cu=" << dtype_name(cu_dtype) << " seed=" << seed;
+  return os.str();
+}
+
+int64_t VarlenCase::start(int64_t b) const {
+  if (!spec.packed) return 0;
+  int64_t s = 0;
+  for (int64_t i = 0; i < b; ++i) s += spec.lens[static_cast<size_t>(i)];
+  return s;
+}
+
+std::vector<Tensor*> VarlenCase::all() {
+  return {&u,   &delta, &A,  &B,  &C,      &D,     &z,          &delta_bias, &h0,  &cu_seqlens, &cache_indices,
+          &has_initial_state, &pool, &out, &out_z, &x, &last_state, &dout, &du, &ddelta, &dA, &dB, &dC, &dD, &dz,
+          &ddelta_bias, &dh0, &bwd_h0};
+}
+
+VarlenCase make_varlen_case(const VarlenSpec& s) {
+  const int64_t Bt = s.batch();
+  if (Bt < 1) throw std::invalid_argument("make_varlen_case: no sequence");
+  if (!s.packed)
+    for (int64_t l : s.lens)
+      if (l != s.lens[0]) throw std::invalid_argument("make_varlen_case: a dense batch needs equal lengths");
+  VarlenCase c;
+  c.spec = s;
+  const int64_t rows = c.rows(), T = c.T(), D = s.dim, N = s.dstate;
+  if (T < 1) throw std::invalid_argument("make_varlen_case: no token");
+  CaseSpec cs;
+  cs.batch = rows, cs.dim = D, cs.seqlen = T, cs.dstate = N, cs.groups = s.groups, cs.itype = s.itype;
+  cs.complex = s.complex, cs.var_B = s.var_B, cs.var_C = s.var_C, cs.has_D = s.has_D, cs.has_z = s.has_z;
+  cs.has_delta_bias = s.has_delta_bias, cs.softplus = s.softplus, cs.has_h0 = false, cs.with_x = false;
+  cs.with_last_state = false, cs.slow_decay = s.slow_decay, cs.seed = s.seed;
+  Case base = make_case(cs);
+  c.u = base.u, c.delta = base.delta, c.A = base.A, c.B = base.B, c.C = base.C, c.D = base.D, c.z = base.z;
+  c.delta_bias = base.delta_bias, c.dout = base.dout, c.out = base.out, c.out_z = base.out_z;
+  c.du = base.du, c.ddelta = base.ddelta, c.dA = base.dA, c.dB = base.dB, c.dC = base.dC, c.dD = base.dD;
+  c.dz = base.dz, c.ddelta_bias = base.ddelta_bias;
+
+  const int32_t wt = s.complex ? SELSCAN_DTYPE_COMPLEX64 : SELSCAN_DTYPE_FLOAT32;
+  std::mt19937_64 g(s.seed * 7919 + 13);
+  if (s.packed) {
+    c.cu_seqlens = make_tensor(s.cu_dtype, {Bt + 1});
+    int64_t acc = 0;
+    for (int64_t b = 0; b <= Bt; ++b) {
+      c.cu_seqlens.set({b}, static_cast<double>(acc));
+      if (b < Bt) acc += s.lens[static_cast<size_t>(b)];
+    }
+  }
+  if (!s.cache_indices.empty()) {
+    c.cache_indices = make_tensor(s.idx_dtype, {Bt});
+    for (int64_t b = 0; b < Bt; ++b) c.cache_indices.set({b}, static_cast<double>(s.cache_indices[static_cast<size_t>(b)]));
+  }
+  if (!s.has_init.empty()) {
+    c.has_initial_state = make_tensor(s.init_dtype, {Bt});
+    for (int64_t b = 0; b < Bt; ++b) c.has_initial_state.set({b}, s.has_init[static_cast<size_t>(b)]);
+  }
+  if (s.init == InitFrom::h0) {
+    c.h0 = make_tensor(wt, {Bt, D, N});
+    fill_states(c.h0, s.complex, g);
+    c.bwd_h0 = copy_of(c.h0);
+  }
+  if (s.init == InitFrom::pool) {
+    c.pool = make_tensor(wt, {s.slots, D, N});
+    fill_states(c.pool, s.complex, g);
+    c.pool_in = copy_of(c.pool);
+    // The backward's h0: each sequence's slot (random rows where it reads none).
+    c.bwd_h0 = make_tensor(wt, {Bt, D, N});
+    fill_states(c.bwd_h0, s.complex, g);
+    for (int64_t b = 0; b < Bt; ++b) {
+      if (s.pad(b)) continue;
+      const int64_t slot = s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)];
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t n = 0; n < N; ++n) c.bwd_h0.setc({b, d, n}, c.pool.getc({slot, d, n}));
+    }
+  }
+  const int64_t nc = s.packed ? T / 2048 + Bt : chunks_of(T);
+  if (s.with_x) c.x = make_tensor(wt, {rows, D, nc, 2 * N}, {}, kPoison);
+  if (s.with_last_state && s.init != InitFrom::pool) c.last_state = make_tensor(wt, {Bt, D, N}, {}, kPoison);
+  if (s.init != InitFrom::none && s.with_dh0) c.dh0 = make_tensor(wt, {Bt, D, N}, {}, kPoison);
+  return c;
+}
+
+selscan_fwd_args_t VarlenCase::fwd_args(const Case::PtrMap& ptr) {
+  auto d = [&](Tensor& t) { return t.present() ? t.desc(ptr(t)) : t.desc(nullptr); };
+  selscan_fwd_args_t a = SELSCAN_FWD_ARGS_INIT;
+  a.u = d(u), a.delta = d(delta), a.A = d(A), a.B = d(B), a.C = d(C), a.D = d(D), a.z = d(z);
+  a.delta_bias = d(delta_bias), a.h0 = d(h0);
+  a.delta_softplus = spec.softplus ? 1 : 0;
+  a.out = d(out), a.out_z = d(out_z), a.x = d(x), a.last_state = d(last_state);
+  a.cu_seqlens = d(cu_seqlens), a.ssm_states = d(pool), a.cache_indices = d(cache_indices);
+  a.has_initial_state = d(has_initial_state);
+  a.pad_slot_id = spec.cache_indices.empty() ? 0 : spec.pad_slot_id;
+  return a;
+}
+
+selscan_bwd_args_t VarlenCase::bwd_args(const Case::PtrMap& ptr, bool deterministic) {
+  auto d = [&](Tensor& t) { return t.present() ? t.desc(ptr(t)) : t.desc(nullptr); };
+  selscan_bwd_args_t a = SELSCAN_BWD_ARGS_INIT;
+  a.u = d(u), a.delta = d(delta), a.A = d(A), a.B = d(B), a.C = d(C), a.D = d(D), a.z = d(z);
+  a.delta_bias = d(delta_bias), a.h0 = d(bwd_h0);
+  a.delta_softplus = spec.softplus ? 1 : 0;
+  a.deterministic = deterministic ? 1 : 0;
+  a.dout = d(dout), a.x = d(x);
+  Tensor none;
+  a.out = spec.has_z ? d(out) : d(none);
+  a.du = d(du), a.ddelta = d(ddelta), a.dA = d(dA), a.dB = d(dB), a.dC = d(dC), a.dD = d(dD), a.dz = d(dz);
+  a.ddelta_bias = d(ddelta_bias), a.dh0 = d(dh0);
+  a.cu_seqlens = d(cu_seqlens), a.cache_indices = d(cache_indices), a.has_initial_state = d(has_initial_state);
+  a.pad_slot_id = spec.cache_indices.empty() ? 0 : spec.pad_slot_id;
+  return a;
+}
+
+namespace {
+
+// Runs `call` on host pointers, or on device copies of every present tensor (all copied back).
+template <class Call>
+selscan_status_t run_on(VarlenCase& c, const DeviceMemory* dev, Call call) {
+  if (dev == nullptr) return call(Case::PtrMap(host_ptr));
+  std::vector<std::pair<Tensor*, void*>> copies;
+  for (Tensor* t : c.all()) {
+    if (!t->present()) continue;
+    void* p = dev->alloc(t->storage.size());
+    if (p == nullptr) throw std::runtime_error("DeviceMemory::alloc returned NULL");
+    dev->to_device(p, t->storage.data(), t->storage.size());
+    copies.emplace_back(t, p);
+  }
+  const selscan_status_t s = call(Case::PtrMap([&](Tensor& t) -> void* {
+    for (auto& tp : copies)
+      if (tp.first == &t) return tp.second;
+    return nullptr;
+  }));
+  dev->sync();
+  for (auto& tp : copies) dev->to_host(tp.first->storage.data(), tp.second, tp.first->storage.size());
+  for (auto& tp : copies) dev->release(tp.second);
+  return s;
+}
+
+}  // namespace
+
+selscan_status_t run_varlen_fwd(VarlenCase& c, const selscan_exec_t& exec, const DeviceMemory* dev) {
+  poison({&c.out, &c.out_z, &c.x, &c.last_state});
+  if (c.pool.present()) c.pool = copy_of(c.pool_in);
+  return run_on(c, dev, [&](const Case::PtrMap& ptr) {
+    const selscan_fwd_args_t a = c.fwd_args(ptr);
+    return selscan_fwd(&a, &exec);
+  });
+}
+
+selscan_status_t run_varlen_bwd(VarlenCase& c, const selscan_exec_t& exec, bool deterministic,
+                                const DeviceMemory* dev) {
+  poison({&c.du, &c.ddelta, &c.dA, &c.dB, &c.dC, &c.dD, &c.dz, &c.ddelta_bias, &c.dh0});
+  return run_on(c, dev, [&](const Case::PtrMap& ptr) -> selscan_status_t {
+    const selscan_bwd_args_t a = c.bwd_args(ptr, deterministic);
+    size_t ws = 0;
+    if (const selscan_status_t s = selscan_bwd_workspace_size(&a, &exec, &ws); s != SELSCAN_STATUS_SUCCESS) return s;
+    if (ws == 0) return selscan_bwd(&a, &exec);
+    if (dev == nullptr) throw std::runtime_error("run_varlen_bwd: a host call asked for workspace");
+    selscan_exec_t e = exec;  // the workspace on exec's device
+    e.workspace = dev->alloc(ws);
+    e.workspace_bytes = ws;
+    const selscan_status_t s = selscan_bwd(&a, &e);
+    dev->sync();
+    dev->release(e.workspace);
+    return s;
+  });
+}
+
+namespace {
+
+// Sequence b's RefProblem (batch 1) from the case's stored inputs, and its dout.
+RefProblem seq_ref(const VarlenCase& c, int64_t b, std::vector<double>* dout) {
+  const VarlenSpec& s = c.spec;
+  RefProblem p;
+  const int64_t L = s.lens[static_cast<size_t>(b)], D = s.dim, N = s.dstate, row = s.packed ? 0 : b;
+  const int64_t t0 = c.start(b);
+  p.Bt = 1, p.D = D, p.L = L, p.N = N, p.G = (s.var_B || s.var_C) ? s.groups : 1;
+  p.cplx = s.complex, p.var_B = s.var_B, p.var_C = s.var_C, p.softplus = s.softplus;
+  p.has_D = s.has_D, p.has_z = s.has_z, p.has_bias = s.has_delta_bias;
+  p.has_h0 = s.starts_from_state(b);
+  auto bdl = [&](const Tensor& t, std::vector<double>& v) {
+    v.assign(static_cast<size_t>(D * L), 0.0);
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t l = 0; l < L; ++l) v[p.bdl(0, d, l)] = t.get({row, d, t0 + l});
+  };
+  bdl(c.u, p.u);
+  bdl(c.delta, p.delta);
+  if (s.has_z) bdl(c.z, p.z);
+  if (dout) bdl(c.dout, *dout);
+  p.A.resize(static_cast<size_t>(D * N));
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t n = 0; n < N; ++n) p.A[p.dn(d, n)] = c.A.getc({d, n});
+  auto bc = [&](const Tensor& t, bool var, std::vector<cd>& v) {
+    if (!var) {
+      v.resize(static_cast<size_t>(D * N));
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t n = 0; n < N; ++n) v[p.dn(d, n)] = t.getc({d, n});
+      return;
+    }
+    v.assign(static_cast<size_t>(p.G * N * L), 0.0);
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t l = 0; l < L; ++l)
+          v[p.bgnl(0, g, n, l)] = s.complex ? cd(t.get({row, g, n, 2 * (t0 + l)}), t.get({row, g, n, 2 * (t0 + l) + 1}))
+                                            : cd(t.get({row, g, n, t0 + l}), 0.0);
+  };
+  bc(c.B, s.var_B, p.B);
+  bc(c.C, s.var_C, p.C);
+  if (s.has_D)
+    for (int64_t d = 0; d < D; ++d) p.Dv.push_back(c.D.get({d}));
+  if (s.has_delta_bias)
+    for (int64_t d = 0; d < D; ++d) p.bias.push_back(c.delta_bias.get({d}));
+  if (p.has_h0) {
+    const Tensor& src = s.init == InitFrom::h0 ? c.h0 : c.pool_in;
+    const int64_t r = s.init == InitFrom::h0 ? b : (s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)]);
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t n = 0; n < N; ++n) p.h0.push_back(src.getc({r, d, n}));
+  }
+  return p;
+}
+
+void put(std::vector<double>& v, int64_t i, cd x, bool cplx) {
+  if (cplx) {
+    v[static_cast<size_t>(2 * i)] = x.real();
+    v[static_cast<size_t>(2 * i + 1)] = x.imag();
+  } else {
+    v[static_cast<size_t>(i)] = x.real();
+  }
+}
+void add(std::vector<double>& v, int64_t i, cd x, bool cplx) {
+  if (cplx) {
+    v[static_cast<size_t>(2 * i)] += x.real();
+    v[static_cast<size_t>(2 * i + 1)] += x.imag();
+  } else {
+    v[static_cast<size_t>(i)] += x.real();
+  }
+}
+
+}  // namespace
+
+VarlenRef varlen_reference(const VarlenCase& c) {
+  const VarlenSpec& s = c.spec;
+  const int64_t Bt = s.batch(), D = s.dim, N = s.dstate, T = c.T(), rows = c.rows(), cw = s.complex ? 2 : 1;
+  const int64_t G = (s.var_B || s.var_C) ? s.groups : 1;
+  VarlenRef r;
+  r.out.assign(static_cast<size_t>(rows * D * T), 0.0);
+  if (s.has_z) r.out_z = r.out;
+  r.du = r.ddelta = r.out;
+  if (s.has_z) r.dz = r.out;
+  r.last_state.assign(static_cast<size_t>(Bt * D * N * cw), 0.0);
+  r.dh0 = r.last_state;
+  if (c.pool.present()) r.pool = c.pool_in.values();
+  r.dA.assign(static_cast<size_t>(D * N * cw), 0.0);
+  r.dB.assign(static_cast<size_t>(c.dB.numel() * (c.dB.dtype == SELSCAN_DTYPE_COMPLEX64 ? 2 : 1)), 0.0);
+  r.dC.assign(static_cast<size_t>(c.dC.numel() * (c.dC.dtype == SELSCAN_DTYPE_COMPLEX64 ? 2 : 1)), 0.0);
+  r.dD.assign(static_cast<size_t>(D), 0.0);
+  r.ddelta_bias.assign(static_cast<size_t>(D), 0.0);
+  if (c.x.present()) {
+    r.x.assign(static_cast<size_t>(c.x.numel() * cw), 0.0);
+    r.x_mask.assign(r.x.size(), 0);
+  }
+  for (int64_t b = 0; b < Bt; ++b) {
+    if (s.pad(b)) continue;  // all zero; its slot (if any) untouched
+    std::vector<double> dout;
+    const RefProblem p = seq_ref(c, b, &dout);
+    const RefFwd f = ref_forward(p);
+    const RefBwd gr = ref_backward(p, dout);
+    const int64_t L = p.L, t0 = c.start(b), row = s.packed ? 0 : b;
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t l = 0; l < L; ++l) {
+        const size_t i = static_cast<size_t>((row * D + d) * T + t0 + l), k = static_cast<size_t>(p.bdl(0, d, l));
+        r.out[i] = f.y[k];
+        if (s.has_z) r.out_z[i] = f.out_z[k], r.dz[i] = gr.dz[k];
+        r.du[i] = gr.du[k];
+        r.ddelta[i] = gr.ddelta[k];
+      }
+    const int64_t slot = s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)];
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t n = 0; n < N; ++n) {
+        const cd h = f.last_state[static_cast<size_t>(p.bdn(0, d, n))];
+        put(r.last_state, (b * D + d) * N + n, h, s.complex);
+        if (c.pool.present()) put(r.pool, (slot * D + d) * N + n, h, s.complex);
+        if (p.has_h0) put(r.dh0, (b * D + d) * N + n, gr.dh0[static_cast<size_t>(p.bdn(0, d, n))], s.complex);
+        add(r.dA, d * N + n, gr.dA[static_cast<size_t>(p.dn(d, n))], s.complex);
+        if (!s.var_B) add(r.dB, d * N + n, gr.dB[static_cast<size_t>(p.dn(d, n))], s.complex);
+        if (!s.var_C) add(r.dC, d * N + n, gr.dC[static_cast<size_t>(p.dn(d, n))], s.complex);
+        // Chunk states: the true state (serving calls never fold B).
+        if (c.x.present())
+          for (int64_t ch = 0; ch < chunks_of(L); ++ch) {
+            const size_t i = static_cast<size_t>((d * chunks_of(L) + ch) * N + n);  // RefFwd's (1, D, nc, N)
+            const cd P = f.xP[i];
+            cd H = f.xH[i];
+            if (p.fold_B()) H *= p.B[static_cast<size_t>(p.dn(d, n))];
+            // docs/serving.md: chunk ch of sequence b at slot floor(start / 2048) + b + ch.
+            const int64_t slot_c = (s.packed ? t0 / 2048 + b : 0) + ch;
+            const int64_t base = ((row * D + d) * c.x.sizes[2] + slot_c) * 2 * N;
+            put(r.x, base + 2 * n, P, s.complex);
+            put(r.x, base + 2 * n + 1, H, s.complex);
+            for (int64_t k = 0; k < cw; ++k) {
+              r.x_mask[static_cast<size_t>((base + 2 * n) * cw + k)] = 1;
+              r.x_mask[static_cast<size_t>((base + 2 * n + 1) * cw + k)] = 1;
+            }
+          }
+      }
+    for (int64_t d = 0; d < D; ++d) {
+      r.dD[static_cast<size_t>(d)] += s.has_D ? gr.dD[static_cast<size_t>(d)] : 0.0;
+      r.ddelta_bias[static_cast<size_t>(d)] += s.has_delta_bias ? gr.dbias[static_cast<size_t>(d)] : 0.0;
+    }
+    auto var_grad = [&](bool var, const std::vector<cd>& src, std::vector<double>& dst) {
+      if (!var) return;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t l = 0; l < L; ++l)
+            put(dst, ((row * G + g) * N + n) * T + t0 + l, src[static_cast<size_t>(p.bgnl(0, g, n, l))], s.complex);
+    };
+    var_grad(s.var_B, gr.dB, r.dB);
+    var_grad(s.var_C, gr.dC, r.dC);
+  }
+  return r;
+}
+
+Case sequence_case(const VarlenCase& c, int64_t b) {
+  const VarlenSpec& s = c.spec;
+  const int64_t L = s.lens[static_cast<size_t>(b)];
+  if (L < 1) throw std::invalid_argument("sequence_case: an empty sequence has no dense call");
+  CaseSpec cs;
+  cs.batch = 1, cs.dim = s.dim, cs.seqlen = L, cs.dstate = s.dstate, cs.groups = s.groups, cs.itype = s.itype;
+  cs.complex = s.complex, cs.var_B = s.var_B, cs.var_C = s.var_C, cs.has_D = s.has_D, cs.has_z = s.has_z;
+  cs.has_delta_bias = s.has_delta_bias, cs.softplus = s.softplus, cs.has_h0 = s.starts_from_state(b);
+  cs.with_x = true, cs.with_last_state = true, cs.with_dh0 = true, cs.seed = s.seed;
+  Case k = make_case(cs);
+  std::vector<double> dout;
+  const RefProblem p = seq_ref(c, b, &dout);
+  const int64_t D = s.dim, N = s.dstate, G = p.G;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t l = 0; l < L; ++l) {
+      const size_t i = static_cast<size_t>(p.bdl(0, d, l));
+      k.u.set({0, d, l}, p.u[i]);
+      k.delta.set({0, d, l}, p.delta[i]);
+      if (s.has_z) k.z.set({0, d, l}, p.z[i]);
+      k.dout.set({0, d, l}, dout[i]);
+    }
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t n = 0; n < N; ++n) {
+      k.A.setc({d, n}, p.A[static_cast<size_t>(p.dn(d, n))]);
+      if (!s.var_B) k.B.setc({d, n}, p.B[static_cast<size_t>(p.dn(d, n))]);
+      if (!s.var_C) k.C.setc({d, n}, p.C[static_cast<size_t>(p.dn(d, n))]);
+      if (p.has_h0) k.h0.setc({0, d, n}, p.h0[static_cast<size_t>(p.bdn(0, d, n))]);
+    }
+  auto var = [&](bool v, const std::vector<cd>& src, Tensor& t) {
+    if (!v) return;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t l = 0; l < L; ++l) {
+          const cd x = src[static_cast<size_t>(p.bgnl(0, g, n, l))];
+          if (s.complex) {
+            t.set({0, g, n, 2 * l}, x.real());
+            t.set({0, g, n, 2 * l + 1}, x.imag());
+          } else {
+            t.set({0, g, n, l}, x.real());
+          }
+        }
+  };
+  var(s.var_B, p.B, k.B);
+  var(s.var_C, p.C, k.C);
+  for (int64_t d = 0; d < D; ++d) {
+    if (s.has_D) k.D.set({d}, p.Dv[static_cast<size_t>(d)]);
+    if (s.has_delta_bias) k.delta_bias.set({d}, p.bias[static_cast<size_t>(d)]);
+  }
+  return k;
+}
+
+void check_varlen(VarlenCase& c, const VarlenRef& r, bool bwd, double tol_scale) {
+  const VarlenSpec& s = c.spec;
+  const Tolerances t = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C);
+  auto sc = [&](Tol x) { return x.scaled(tol_scale, tol_scale); };
+  const std::string what = s.str();
+  EXPECT_TRUE(allclose(what + " out", c.out.values(), r.out, sc(t.out)));
+  if (s.has_z) EXPECT_TRUE(allclose(what + " out_z", c.out_z.values(), r.out_z, sc(t.out)));
+  for (Tensor* o : {&c.out, &c.out_z, &c.last_state}) {
+    if (!o->present()) continue;
+    const std::string e = o->check_written(kPoison, kPoison);
+    EXPECT_TRUE(e.empty()) << what << ": " << e;
+  }
+  if (c.last_state.present())
+    EXPECT_TRUE(allclose(what + " last_state", c.last_state.values(), r.last_state, sc(t.last_state)));
+  if (c.pool.present()) {
+    // Slots no sequence names: bit for bit as before. Named ones: the final states.
+    const std::vector<double> got = c.pool.values(), before = c.pool_in.values();
+    std::vector<char> named(static_cast<size_t>(s.slots), 0);
+    for (int64_t b = 0; b < s.batch(); ++b)
+      if (!s.pad(b)) named[static_cast<size_t>(s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)])] = 1;
+    const size_t per_slot = got.size() / static_cast<size_t>(s.slots);
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!named[i / per_slot])
+        EXPECT_EQ(std::memcmp(&got[i], &before[i], sizeof(double)), 0) << what << ": unnamed slot " << i / per_slot
+                                                                        << " changed at " << i;
+    EXPECT_TRUE(allclose(what + " ssm_states", got, r.pool, sc(t.last_state)));
+    EXPECT_TRUE(c.pool.check_guards(kGuard).empty()) << what << ": " << c.pool.check_guards(kGuard);
+  }
+  if (c.x.present()) {
+    const std::vector<double> got = c.x.values();
+    std::vector<double> g2, r2;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (r.x_mask[i]) g2.push_back(got[i]), r2.push_back(r.x[i]);
+    EXPECT_TRUE(allclose(what + " x", g2, r2, sc(t.x)));
+    EXPECT_TRUE(c.x.check_guards(kPoison).empty()) << what << ": " << c.x.check_guards(kPoison);
+  }
+  if (!bwd) return;
+  for (Tensor* o : {&c.du, &c.ddelta, &c.dA, &c.dB, &c.dC, &c.dD, &c.dz, &c.ddelta_bias, &c.dh0}) {
+    if (!o->present()) continue;
+    const std::string e = o->check_written(kPoison, kPoison);
+    EXPECT_TRUE(e.empty()) << what << ": " << e;
+  }
+  EXPECT_TRUE(allclose(what + " du", c.du.values(), round_to(r.du, s.itype), sc(t.du)));
+  EXPECT_TRUE(allclose(what + " ddelta", c.ddelta.values(), round_to(r.ddelta, s.itype), sc(t.ddelta)));
+  if (s.has_z) EXPECT_TRUE(allclose(what + " dz", c.dz.values(), round_to(r.dz, s.itype), sc(t.dz)));
+  EXPECT_TRUE(allclose(what + " dA", c.dA.values(), r.dA, sc(t.dA)));
+  EXPECT_TRUE(allclose(what + " dB", c.dB.values(), s.var_B ? round_to(r.dB, s.itype) : r.dB, sc(t.dB)));
+  EXPECT_TRUE(allclose(what + " dC", c.dC.values(), s.var_C ? round_to(r.dC, s.itype) : r.dC, sc(t.dC)));
+  if (s.has_D) EXPECT_TRUE(allclose(what + " dD", c.dD.values(), r.dD, sc(t.dD)));
+  if (s.has_delta_bias)
+    EXPECT_TRUE(allclose(what + " ddelta_bias", c.ddelta_bias.values(), r.ddelta_bias, sc(t.ddelta_bias)));
+  if (c.dh0.present()) EXPECT_TRUE(allclose(what + " dh0", c.dh0.values(), r.dh0, sc(t.dh0)));
+}
+
+}  // namespace selscan_test

@@ -1,0 +1,93 @@
+// Serving test cases (docs/serving.md): sequences packed along time with cu_seqlens, initial states from h0 rows or
+// a state pool chosen by cache_indices, padding entries, has_initial_state. Device-agnostic like case.h: a GPU test
+// passes a DeviceMemory and the case runs on device copies of all its tensors.
+//
+// The oracle of a serving call is the float64 reference run sequence by sequence (a RefProblem of batch 1 each),
+// with the weight gradients summed over the sequences; the library's separate dense calls of the same sequences
+// are the other comparison (case.h's Case, inputs copied from the packed tensors).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "case.h"
+#include "support/reference.h"
+#include "selscan/selscan.h"
+#include "tensor.h"
+
+namespace selscan_test {
+
+enum class InitFrom { none, h0, pool };
+
+struct VarlenSpec {
+  std::vector<int64_t> lens = {5, 0, 33, 12};  // sequence lengths; 0 allowed
+  bool packed = true;  // cu_seqlens and (1, D, total) tensors; false: a dense (Bt, D, L) batch (all lens equal)
+  int64_t dim = 4, dstate = 8, groups = 2;
+  int32_t itype = SELSCAN_DTYPE_FLOAT32;
+  bool complex = false, var_B = true, var_C = true;
+  bool has_D = true, has_z = true, has_delta_bias = true, softplus = true;
+  InitFrom init = InitFrom::none;
+  std::vector<int> has_init;            // per sequence (empty: the tensor is absent)
+  std::vector<int64_t> cache_indices;   // per sequence (empty: absent)
+  int64_t slots = 0;                    // pool slots (InitFrom::pool)
+  int64_t pad_slot_id = 0;              // with cache_indices
+  int32_t cu_dtype = SELSCAN_DTYPE_INT32, idx_dtype = SELSCAN_DTYPE_INT32, init_dtype = SELSCAN_DTYPE_BOOL;
+  bool with_x = true, with_last_state = true;  // last_state: not with a pool
+  bool with_dh0 = true;
+  bool slow_decay = false;
+  uint64_t seed = 1;
+
+  std::string str() const;
+  int64_t batch() const { return static_cast<int64_t>(lens.size()); }
+  int64_t total() const;
+  bool pad(int64_t b) const {
+    return !cache_indices.empty() && cache_indices[static_cast<size_t>(b)] == pad_slot_id;
+  }
+  // Sequence b starts from its h0 row or slot (not padding, has_initial_state set or absent, a source given).
+  bool starts_from_state(int64_t b) const;
+};
+
+struct VarlenCase {
+  VarlenSpec spec;
+  Tensor u, delta, A, B, C, D, z, delta_bias, h0;  // inputs: (rows, D, T), B/C (rows, G, N, T or 2T), h0 (Bt, D, N)
+  Tensor cu_seqlens, cache_indices, has_initial_state;
+  Tensor pool;      // ssm_states (S, D, N): in and out
+  Tensor pool_in;   // the pool before the forward (for the oracle and the untouched-slot checks)
+  Tensor out, out_z, x, last_state, dout;
+  Tensor du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dh0;
+  Tensor bwd_h0;    // the backward's h0: h0, or the pool rows the sequences started from (gathered)
+
+  int64_t start(int64_t b) const;  // offset of sequence b along T (b * L for a dense batch)
+  int64_t rows() const { return spec.packed ? 1 : spec.batch(); }
+  int64_t T() const { return spec.packed ? spec.total() : spec.lens[0]; }
+
+  selscan_fwd_args_t fwd_args(const Case::PtrMap& ptr);
+  selscan_bwd_args_t bwd_args(const Case::PtrMap& ptr, bool deterministic = true);
+  std::vector<Tensor*> all();
+};
+
+VarlenCase make_varlen_case(const VarlenSpec& spec);
+
+// Poison the outputs (the pool keeps its contents) and run through the public ABI, on host pointers or on device
+// copies of every tensor (all copied back afterwards).
+selscan_status_t run_varlen_fwd(VarlenCase& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr);
+selscan_status_t run_varlen_bwd(VarlenCase& c, const selscan_exec_t& exec, bool deterministic = true,
+                                const DeviceMemory* dev = nullptr);
+
+// The float64 oracle, laid out like the case's tensors' values().
+struct VarlenRef {
+  std::vector<double> out, out_z, last_state, pool, du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0;
+  std::vector<double> x;  // only the chunk slots of real chunks are meaningful: x_mask says which
+  std::vector<char> x_mask;
+};
+VarlenRef varlen_reference(const VarlenCase& c);
+
+// Sequence b as a dense case (batch 1) with the same inputs (a zero-length sequence has none: not callable).
+Case sequence_case(const VarlenCase& c, int64_t b);
+
+// Compare every output of the case with the oracle at upstream's tolerances (scaled); the padding rows must be
+// exactly 0; x only at real chunk slots. `bwd`: the gradients too.
+void check_varlen(VarlenCase& c, const VarlenRef& r, bool bwd, double tol_scale = 1.0);
+
+}  // namespace selscan_test
