@@ -10,6 +10,7 @@
 # included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export SELSCAN_CUDA_SERVING=${SELSCAN_CUDA_SERVING:-1}  # the serving kernels' tests run (src/cuda/select.h)
 OUT=${OUT:-$PWD/gpu-check-out}
 ARCH=${ARCH:-9.0}
 JOBS=${JOBS:-$(nproc)}

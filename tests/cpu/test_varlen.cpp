@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -424,6 +425,21 @@ TEST(VarlenValidation, OlderStructSizeUnaffected) {
   for (size_t i = 0; i < fa.size(); ++i) EXPECT_TRUE(fa[i].second->same_bytes(*fb[i].second)) << fa[i].first;
   const auto ga = a.named_bwd_outputs(), gb = b.named_bwd_outputs();
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].second->same_bytes(*gb[i].second)) << ga[i].first;
+}
+
+// Serving calls on CUDA stay off until the serving kernels have passed their GPU tests: the call names the
+// opt-in instead of running them. Host pointers are fine here: the call must stop before any device work.
+TEST(VarlenValidation, CudaServingIsOptIn) {
+  const char* opt_in = std::getenv("SELSCAN_CUDA_SERVING");
+  if (opt_in != nullptr && std::string(opt_in) == "1") GTEST_SKIP() << "SELSCAN_CUDA_SERVING=1 is set";
+  Call k{VarlenSpec{}};
+  k.e.device_kind = SELSCAN_DEVICE_CUDA;
+#if SELSCAN_WITH_CUDA
+  expect_fail(k.fwd(), SELSCAN_STATUS_UNSUPPORTED, {"cu_seqlens", "on CUDA", "SELSCAN_CUDA_SERVING=1", "CPU path"});
+  expect_fail(k.bwd(), SELSCAN_STATUS_UNSUPPORTED, {"SELSCAN_CUDA_SERVING=1"});
+#else
+  expect_fail(k.fwd(), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
+#endif
 }
 
 }  // namespace
