@@ -43,6 +43,7 @@
 #include "case.h"
 #include "check.h"
 #include "compare.h"
+#include "cuda_memory.h"
 #include "edge_cases.h"
 #include "gpu_gate.h"
 #include "support/dtype.h"
@@ -782,7 +783,7 @@ TEST(GpuLimits, Dim131072ForwardAndBackward) {
 }
 
 // ---------------------------------------------------------------------------------------------- small edges
-// A device exec with workspace for both backward modes of a case, and DeviceMemory over cudaMalloc.
+// A device exec with workspace for both backward modes of a case.
 struct GpuExec {
   DevBuf ws;
   selscan_exec_t exec = cuda_exec(0);
@@ -800,28 +801,11 @@ struct GpuExec {
   }
 };
 
-DeviceMemory device_memory() {
-  DeviceMemory m;
-  m.alloc = [](size_t n) -> void* {
-    void* p = nullptr;
-    return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
-  };
-  m.to_device = [](void* d, const void* h, size_t n) {
-    EXPECT_EQ(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  m.to_host = [](void* h, const void* d, size_t n) {
-    EXPECT_EQ(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  };
-  m.release = [](void* p) { cudaFree(p); };
-  m.sync = [] { wait_or_die(nullptr, "selscan call"); };
-  return m;
-}
-
 // The shared float64-oracle check (tests/common/check.h) on device copies: guards, poison, every output.
 void check_on_gpu(const CaseSpec& spec) {
   Case probe = make_case(spec);
   GpuExec ex(probe);
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory([] { wait_or_die(nullptr, "selscan call"); });
   check_case(spec, ex.exec, &dm);
 }
 
@@ -934,7 +918,7 @@ Outcome run_both(const CaseSpec& spec, const std::function<void(Case&)>& edit, b
   edit(base);
   Case gpu = base, cpu = base;
   GpuExec ex(base);
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory([] { wait_or_die(nullptr, "selscan call"); });
   EXPECT_EQ(run_fwd(gpu, ex.exec, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   EXPECT_EQ(run_fwd(cpu, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   EXPECT_EQ(run_bwd(gpu, ex.exec, det, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();

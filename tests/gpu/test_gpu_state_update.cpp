@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_memory.h"
 #include "gpu_gate.h"
 #include "state_update_case.h"
 
@@ -17,23 +18,15 @@ namespace {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-const DeviceMemory& cuda_memory() {
-  static const DeviceMemory m{
-      [](size_t bytes) {
-        void* p = nullptr;
-        return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
-      },
-      [](void* dst, const void* src, size_t bytes) { (void)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice); },
-      [](void* dst, const void* src, size_t bytes) { (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost); },
-      [](void* p) { (void)cudaFree(p); },
-      [] { (void)cudaDeviceSynchronize(); }};
+const DeviceMemory& device_copies() {
+  static const DeviceMemory m = cuda_memory();
   return m;
 }
 
 void run_and_check(const StateUpdateSpec& spec, bool misalign) {
   const StateUpdateCase before = make_state_update_case(spec);
   StateUpdateCase c = before;
-  ASSERT_EQ(run_state_update(c, cuda_exec(), &cuda_memory(), misalign), SELSCAN_STATUS_SUCCESS)
+  ASSERT_EQ(run_state_update(c, cuda_exec(), &device_copies(), misalign), SELSCAN_STATUS_SUCCESS)
       << spec.str() << ": " << selscan_last_error();
   ASSERT_EQ(cudaGetLastError(), cudaSuccess) << spec.str();
   expect_state_update_ok(c, before);
@@ -82,11 +75,11 @@ TEST(GpuStateUpdateEquivalence, PrefillThenDecodeEqualsOneScan) {
       for (int64_t G : {1, 2}) {
         PrefillDecodeSpec s;
         s.itype = it, s.tokens_per_call = per_call, s.groups = G, s.dim = 64, s.seed = ++seed;
-        expect_prefill_then_decode_equals_scan(s, cuda_exec(), &cuda_memory());
+        expect_prefill_then_decode_equals_scan(s, cuda_exec(), &device_copies());
       }
   PrefillDecodeSpec s;  // a prefill past the scan's 2048-token chunk, no optional inputs
   s.prefill = 2100, s.has_D = s.has_z = s.has_bias = s.softplus = false, s.seed = ++seed;
-  expect_prefill_then_decode_equals_scan(s, cuda_exec(), &cuda_memory());
+  expect_prefill_then_decode_equals_scan(s, cuda_exec(), &device_copies());
 }
 
 // A decode step captured once into a CUDA graph and replayed with new indices each time (written to device
@@ -174,7 +167,7 @@ TEST(GpuStateUpdateStreams, NonDefaultStreamAndBadDevice) {
   StateUpdateCase c = before;
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ASSERT_EQ(run_state_update(c, cuda_exec(stream), &cuda_memory()), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(run_state_update(c, cuda_exec(stream), &device_copies()), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   expect_state_update_ok(c, before);
   cudaStreamDestroy(stream);
 

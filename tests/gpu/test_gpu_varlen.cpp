@@ -9,32 +9,16 @@
 #include <vector>
 
 #include "compare.h"
+#include "cuda_memory.h"
 #include "gpu_gate.h"
 #include "varlen_case.h"
 
 namespace selscan_test {
 namespace {
 
-DeviceMemory device_memory() {
-  DeviceMemory m;
-  m.alloc = [](size_t n) -> void* {
-    void* p = nullptr;
-    return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
-  };
-  m.to_device = [](void* d, const void* h, size_t n) {
-    EXPECT_EQ(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  m.to_host = [](void* h, const void* d, size_t n) {
-    EXPECT_EQ(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  };
-  m.release = [](void* p) { cudaFree(p); };
-  m.sync = [] { EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess); };
-  return m;
-}
-
 // Forward and backward on the GPU against the oracle; `det` picks the backward's reduction mode.
 void check_on_gpu(const VarlenSpec& s, bool det) {
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory();
   VarlenCase c = make_varlen_case(s);
   ASSERT_EQ(run_varlen_fwd(c, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
   ASSERT_EQ(run_varlen_bwd(c, cuda_exec(), det, &dm), SELSCAN_STATUS_SUCCESS) << s.str() << ": " << selscan_last_error();
@@ -103,7 +87,7 @@ TEST(GpuVarlen, MatchesCpuPath) {
   VarlenSpec s;
   s.lens = {33, 0, 250, 7, 1000};
   s.dim = 32, s.dstate = 16, s.groups = 4, s.init = InitFrom::h0, s.seed = 5;
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory();
   VarlenCase g = make_varlen_case(s), c = make_varlen_case(s);
   ASSERT_EQ(run_varlen_fwd(g, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   ASSERT_EQ(run_varlen_bwd(g, cuda_exec(), true, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
@@ -127,7 +111,7 @@ TEST(GpuVarlen, BadOffsetsStayInBounds) {
   s.lens = {10, 20, 30, 40};
   s.init = InitFrom::pool, s.slots = 6, s.cache_indices = {0, 9, -5, 3}, s.pad_slot_id = 5;  // 9, -5: outside
   s.seed = 3;
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory();
   VarlenCase c = make_varlen_case(s);
   for (int64_t b = 0; b <= 4; ++b) c.cu_seqlens.set({b}, std::vector<double>{-7, 60, 15, 1000, 80}[static_cast<size_t>(b)]);
   ASSERT_EQ(run_varlen_fwd(c, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
@@ -191,7 +175,7 @@ TEST(GpuVarlen, GraphReplayFollowsIndexContents) {
                                             cudaMemcpyDeviceToHost), cudaSuccess);
   // The replay computed the second case: same inputs (same seed), its split and slots.
   want.pool = want.pool_in;
-  const DeviceMemory dm = device_memory();
+  const DeviceMemory dm = cuda_memory();
   ASSERT_EQ(run_varlen_fwd(want, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   const Tol tol = tol_out(s.itype);
   EXPECT_TRUE(allclose("replayed out", c.out.values(), want.out.values(), tol));
