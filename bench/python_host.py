@@ -130,7 +130,7 @@ def xp_host(n_calls=2000, reps=7):
     call()
     plan = next(p for p in _plan.cache("xp_fwd").values() if p is not None)
     outs = [np.empty((bt, d, L), np.float32) for _ in range(2)]
-    plan.run([a.__array_interface__["data"][0] for a in arrs + outs])
+    plan.info[1](tuple(arrs) + (None,) + tuple(outs), 0, 0)  # the plan's caller: these arrays' addresses
     whole, bare = [], []
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -57,7 +57,7 @@ def _u64(struct):
 
 class Plan:
     """One signature's structs. `slots` are the uint64 indices of the present tensors' data pointers, in the
-    order of `names`; `ws_bytes` the workspace the library asked for; `info` whatever the caller needs to
+    order of `specs`; `ws_bytes` the workspace the library asked for; `info` whatever the caller needs to
     allocate outputs for this signature."""
 
     __slots__ = ("args", "ex", "q", "eq", "slots", "a_addr", "e_addr", "ws_bytes", "fn", "fn_name", "info")
@@ -101,17 +101,6 @@ class Plan:
 
     def _fail(self, status):
         raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, self.fn_name)
-
-    def run(self, ptrs, stream=0, workspace=0):
-        q = self.q
-        for i, p in zip(self.slots, ptrs):
-            q[i] = p
-        eq = self.eq
-        eq[_EX_STREAM] = stream
-        eq[_EX_WS] = workspace
-        status = self.fn(self.a_addr, self.e_addr)
-        if status:
-            raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, self.fn_name)
 
 
 _tls = threading.local()
