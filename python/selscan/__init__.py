@@ -127,9 +127,6 @@ def _sig(a):
     return None if a is None else (a.shape, a.strides, a.dtype)
 
 
-_NP_PTR, _CP_PTR = "{}.__array_interface__['data'][0]", "{}.data.ptr"  # a plan's address expressions
-
-
 def _np_ptr(a):
     return a.__array_interface__["data"][0]
 
@@ -219,7 +216,7 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
             plans[key] = None
             return None  # the general path reports the same error in the caller's terms
         plan.info = (layout[1], plan.caller([i for i, a in enumerate(ts) if a is not None],
-                                            _NP_PTR if xp is np else _CP_PTR))
+                                            _plan.PTR_NUMPY if xp is np else _plan.PTR_CUPY))
         plans[key] = plan
     stream = cp.cuda.get_current_stream().ptr if device_kind == _lib.DEVICE_CUDA else 0
     if plan.ws_bytes:

@@ -30,7 +30,7 @@ _IO = ("fp32", "fp16", "bf16")
 class _Torch:
     """torch tensors, CPU or CUDA (the current stream of x's device)."""
 
-    ptr_expr = "{}.data_ptr()"
+    ptr_expr = _plan.PTR_TORCH
 
     def __init__(self):
         import torch
@@ -86,7 +86,7 @@ class _Xp:
 
     def __init__(self, xp, cuda):
         self.xp, self.cuda = xp, cuda
-        self.ptr_expr = "{}.data.ptr" if cuda else "{}.__array_interface__['data'][0]"
+        self.ptr_expr = _plan.PTR_CUPY if cuda else _plan.PTR_NUMPY
 
     def code(self, dt):
         if dt.name == "bfloat16":  # ml_dtypes

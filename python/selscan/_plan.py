@@ -103,6 +103,11 @@ class Plan:
         raise _lib.SelscanError(_lib.last_error() or _lib.status_string(status), status, self.fn_name)
 
 
+# The address of an array `{}`, as a plan's generated caller reads it, per framework.
+PTR_TORCH = "{}.data_ptr()"
+PTR_NUMPY = "{}.__array_interface__['data'][0]"
+PTR_CUPY = "{}.data.ptr"
+
 _tls = threading.local()
 
 

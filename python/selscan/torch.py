@@ -178,6 +178,13 @@ _KINDS = {"u": "io", "delta": "io", "z": "io", "dout": "io", "out": "io", "out_z
           "D": "f32", "delta_bias": "f32", "dD": "f32", "ddelta_bias": "f32"}
 
 
+def _want(kind, t, it, wt):
+    """The dtype code a tensor of `kind` must have, given u's (it) and A's (wt)."""
+    if kind == "io" or (kind == "bc" and t.dim() >= 3):
+        return it
+    return "fp32" if kind == "f32" else wt
+
+
 def _fixed(named, it, wt):
     """The library-ready form of a call's inputs: a tensor of the right dtype with a unit-stride last dimension
     where the library needs one (u, delta, z, dout, variable B/C). Models hand the scan transposed views (u, z,
@@ -191,8 +198,7 @@ def _fixed(named, it, wt):
             if kind == "f32" and t.dtype != torch.float32 and t.is_floating_point():
                 t = t.float()
                 casts.append(i)
-            want = it if kind == "io" or (kind == "bc" and t.dim() >= 3) else ("fp32" if kind == "f32" else wt)
-            if _code(t, want) is None:
+            if _code(t, _want(kind, t, it, wt)) is None:
                 return None
             if kind in ("io", "bc") and t.dim() >= 3 and t.shape[-1] > 1 and t.stride(-1) != 1:
                 t = t.contiguous()
@@ -204,18 +210,14 @@ def _fixed(named, it, wt):
 def _make_plan(kind, named, flags, dev):
     """A call plan from a first call's library-ready tensors ((name, tensor or None) pairs), or None."""
     it, wt = _ITYPES[named[0][1].dtype], _WTYPES[named[2][1].dtype]  # u's and A's dtypes
-    specs = {}
-    for name, t in named:
-        if t is not None:
-            k = _KINDS[name]
-            specs[name] = (it if k == "io" or (k == "bc" and t.dim() >= 3) else ("fp32" if k == "f32" else wt),
-                           tuple(t.shape), tuple(t.stride()))
+    specs = {name: (_want(_KINDS[name], t, it, wt), tuple(t.shape), tuple(t.stride()))
+             for name, t in named if t is not None}
     ptrs = [t.data_ptr() for _, t in named if t is not None]
     try:
         plan = _plan.Plan(kind, specs, ptrs, flags, _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU, max(dev, 0), 0)
     except SelscanError:
         return None  # the general path raises the same error in the caller's terms
-    plan.info = plan.caller([i for i, (_, t) in enumerate(named) if t is not None], "{}.data_ptr()")
+    plan.info = plan.caller([i for i, (_, t) in enumerate(named) if t is not None], _plan.PTR_TORCH)
     return plan
 
 
@@ -288,7 +290,7 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
 
 
 class _BwdPlan:
-    __slots__ = ("plan", "call", "dout_rows", "io_shape", "io_n", "w_sizes", "w_shapes", "bc", "shapes")
+    __slots__ = ("plan", "call", "dout_rows", "io_shape", "io_n", "w_sizes", "bc", "shapes")
 
 
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
@@ -320,14 +322,7 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
     if separate:
         grads = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in bp.shapes]
     else:
-        # Three allocations instead of eight: the (B, D, L) gradients, the float32 weights', variable dB/dC.
-        io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
-        w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
-        dA = w[:bp.w_sizes[0]].view(A.dtype).view(bp.w_shapes[0])
-        dD = w[bp.w_sizes[0]:bp.w_sizes[1]] if D is not None else None
-        dbias = w[bp.w_sizes[1]:bp.w_sizes[2]] if bias is not None else None
-        dB, dC = bp.bc(u, w, bp)
-        grads = [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
+        grads = _shared_grads(bp, u, A, D, z, bias)
     if _backends.POISON:
         for t in grads:
             if t is not None:
@@ -339,6 +334,18 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
     else:
         bp.call(ts, _stream(dev), 0)
     return grads
+
+
+def _shared_grads(bp, u, A, D, z, bias):
+    """The eight gradients in three allocations instead of eight: the (B, D, L) ones, the float32 weights', and
+    variable dB/dC (None where the input is absent)."""
+    io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
+    w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
+    dA = w[:bp.w_sizes[0]].view(A.dtype).view(A.shape)
+    dD = w[bp.w_sizes[0]:bp.w_sizes[1]] if D is not None else None
+    dbias = w[bp.w_sizes[1]:bp.w_sizes[2]] if bias is not None else None
+    dB, dC = bp.bc(u)
+    return [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
 
 
 def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev):
@@ -356,26 +363,22 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
     dm = u.shape[1]
     bp.w_sizes = (dn, dn + (dm if D is not None else 0), dn + (dm if D is not None else 0) + (
         dm if bias is not None else 0))
-    bp.w_shapes = (tuple(A.shape),)
     var_b, var_c = B.dim() >= 3, C.dim() >= 3
     if var_b and var_c and B.shape == C.shape:
-        def bc(u, w, bp):
-            return u.new_empty((2,) + tuple(B.shape)).unbind(0)
+        pair = (2,) + tuple(B.shape)
+
+        def bc(u):
+            return u.new_empty(pair).unbind(0)
     else:
         shapes = [(tuple(t.shape), u.dtype if t.dim() >= 3 else A.dtype) for t in (B, C)]
 
-        def bc(u, w, bp):
+        def bc(u):
             return tuple(u.new_empty(s, dtype=d) for s, d in shapes)
     bp.bc = bc
     bp.shapes = [None if t is None else (tuple(t.shape), d) for t, d in (
         (u, u.dtype), (u, u.dtype), (A, A.dtype), (B, u.dtype if var_b else A.dtype), (C, u.dtype if var_c else A.dtype),
         (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
-    io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
-    w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
-    dA = w[:dn].view(A.dtype).view(A.shape)
-    dB, dC = bc(u, w, bp)
-    grads = [io[0], io[1], dA, dB, dC, w[dn:bp.w_sizes[1]] if D is not None else None,
-             io[2] if z is not None else None, w[bp.w_sizes[1]:] if bias is not None else None]
+    grads = _shared_grads(bp, u, A, D, z, bias)
     named = (tuple(zip(_lib.BWD_INPUTS[:8], (u, delta, A, B, C, D, z, bias))) + (("dout", dout), ("x", x), ("out", out))
              + tuple(zip(_GRADS, grads)))
     plan = _make_plan("bwd", named, {"delta_softplus": softplus, "deterministic": deterministic}, dev)
