@@ -105,7 +105,8 @@ void Checker::layout(const selscan_tensor_t& t, const char* name, bool unit_last
                         t.sizes[i]));
       return;
     }
-    const int64_t extent = t.sizes[i] - 1;
+    // An empty dimension reaches no element; counting it as 0 keeps span >= 0 for the bound below.
+    const int64_t extent = t.sizes[i] > 0 ? t.sizes[i] - 1 : 0;
     if (t.strides[i] != 0 && extent > (INT64_MAX - span) / t.strides[i]) {
       failf(SELSCAN_STATUS_UNSUPPORTED, fmt::format("{}: sizes {} with strides {} overflow 64-bit element offsets",
                                                     name, shape_str(t.sizes, n), shape_str(t.strides, n)));
@@ -116,8 +117,8 @@ void Checker::layout(const selscan_tensor_t& t, const char* name, bool unit_last
   // The kernels form byte addresses data + offset * esize: the byte span must fit as well, and not wrap.
   if (span > INT64_MAX / esize - 1) {
     failf(SELSCAN_STATUS_UNSUPPORTED,
-          fmt::format("{}: sizes {} with strides {} span {} elements of {} bytes, beyond 64-bit byte offsets",
-                      name, shape_str(t.sizes, n), shape_str(t.strides, n), span + 1, esize));
+          fmt::format("{}: sizes {} with strides {} reach element offset {} of {} bytes, beyond 64-bit byte offsets",
+                      name, shape_str(t.sizes, n), shape_str(t.strides, n), span, esize));
     return;
   }
   const uintptr_t bytes = static_cast<uintptr_t>((span + 1) * esize);

@@ -455,6 +455,9 @@ TEST(AbiV02, ByteExtentsMustFitAndNotWrap) {
                 {"delta: sizes (2, 4, 8) with strides (" + std::to_string(fits + 1) + ", 8, 1)",
                  "beyond 64-bit byte offsets"});
   expect_status(selscan_fwd(&c.fwd, &c.exec), SELSCAN_STATUS_UNSUPPORTED, {"beyond 64-bit byte offsets"});
+  c.fwd.delta.strides[0] = INT64_MAX - inner;  // the element span is exactly INT64_MAX: the message must not overflow
+  expect_status(selscan_fwd_workspace_size(&c.fwd, &c.exec, &bytes), SELSCAN_STATUS_UNSUPPORTED,
+                {"reach element offset " + std::to_string(INT64_MAX), "beyond 64-bit byte offsets"});
   c.fwd.delta.strides[0] = fits;
   c.fwd.delta.data = reinterpret_cast<void*>(uintptr_t{3} << 62);  // fits int64, but runs past 2^64
   expect_status(selscan_fwd_workspace_size(&c.fwd, &c.exec, &bytes), SELSCAN_STATUS_UNSUPPORTED,
