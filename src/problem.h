@@ -68,6 +68,13 @@ struct Problem {
   int64_t pad_slot_id;    // with cache_indices: the entry marking a padding sequence
   int64_t slots;          // S of ssm_states (0 when absent)
   View cu_seqlens, ssm_states, cache_indices, has_init;
+  // Block-wise state caching (forward only): with block_size K > 0 the slots come from block_table (batch, M)
+  // (s[0] sequence, s[1] block) instead of cache_indices, and context_lens (optional, 1-D) gives each sequence's
+  // absolute start; see seq_block_* below and docs/serving.md.
+  int64_t block_size;     // K (0: off)
+  int64_t table_cols;     // M
+  bool table_i64, ctx_i64;
+  View block_table, context_lens;
 
   int64_t channels_per_group() const { return dim / groups; }
   // Batch rows of the (Bt, D, L) tensors and of variable B/C: 1 when the sequences are packed.
@@ -77,5 +84,13 @@ struct Problem {
 // x's chunk slot of the first chunk of a sequence starting at packed offset `start`, sequence index b: distinct
 // sequences' chunks never share a slot, and every slot is below total_L / kChunk + batch.
 SELSCAN_HD inline int64_t seq_chunk0(int64_t start, int64_t b) { return start / kChunk + b; }
+
+// Block-wise state caching: a sequence with `ctx` earlier tokens and `len` tokens in this call (len >= 1) starts
+// from block (ctx - 1) / K (when ctx > 0), writes the state after each block end strictly inside (ctx, ctx + len)
+// into blocks [ctx / K, last), and its final state into block `last` = (ctx + len - 1) / K.
+SELSCAN_HD inline int64_t seq_block_first(int64_t ctx, int64_t K) { return ctx / K; }
+SELSCAN_HD inline int64_t seq_block_last(int64_t ctx, int64_t len, int64_t K) { return (ctx + len - 1) / K; }
+// The local position (0-based, in this call) of the first token that ends a block at or after local position t.
+SELSCAN_HD inline int64_t next_block_end(int64_t ctx, int64_t t, int64_t K) { return ((ctx + t) / K + 1) * K - 1 - ctx; }
 
 }  // namespace selscan

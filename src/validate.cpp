@@ -31,7 +31,9 @@ static_assert(offsetof(selscan_bwd_args_t, flags) == kBwdArgsSizeV0_1, "bwd 0.2 
 constexpr size_t kBwdArgsSizeV0_2 = offsetof(selscan_bwd_args_t, reserved) + sizeof(int32_t);
 static_assert(offsetof(selscan_fwd_args_t, cu_seqlens) == kFwdArgsSizeV0_1, "fwd 0.3 fields follow the 0.1 struct");
 static_assert(offsetof(selscan_bwd_args_t, cu_seqlens) == kBwdArgsSizeV0_2, "bwd 0.3 fields follow the 0.2 struct");
-static_assert(sizeof(selscan_fwd_args_t) == offsetof(selscan_fwd_args_t, pad_slot_id) + sizeof(int64_t),
+constexpr size_t kFwdArgsSizeV0_3 = offsetof(selscan_fwd_args_t, pad_slot_id) + sizeof(int64_t);
+static_assert(offsetof(selscan_fwd_args_t, state_block_size) == kFwdArgsSizeV0_3, "fwd 0.4 fields follow the 0.3 struct");
+static_assert(sizeof(selscan_fwd_args_t) == offsetof(selscan_fwd_args_t, context_lens) + sizeof(selscan_tensor_t),
               "fwd args: no padding after the last field");
 static_assert(sizeof(selscan_bwd_args_t) == offsetof(selscan_bwd_args_t, pad_slot_id) + sizeof(int64_t),
               "bwd args: no padding after the last field");
@@ -216,13 +218,16 @@ void check_inputs(Checker& c, const Inputs& in, Problem& p) {
 }
 
 // ------------------------------------------------------------------------------------------ serving
-// The serving fields of either struct (docs/serving.md); the backward has no ssm_states (NULL here).
+// The serving fields of either struct (docs/serving.md); the backward has no ssm_states and no block fields (NULL
+// and 0 here).
 struct ServingArgs {
   const selscan_tensor_t *cu_seqlens, *ssm_states, *cache_indices, *has_initial_state;
   int64_t pad_slot_id;
+  int64_t block_size;
+  const selscan_tensor_t *block_table, *context_lens;
 };
 
-// A 1-D tensor of `n` entries of dtype `a` or `b` (index tensors: cache_indices, has_initial_state).
+// A 1-D tensor of `n` entries of dtype `a` or `b` (index tensors: cache_indices, has_initial_state, context_lens).
 void check_entries(Checker& c, const selscan_tensor_t& t, const char* name, int64_t n, int32_t a, int32_t b) {
   c.dtype(t, name, a, "one entry per sequence", b);
   c.shape(t, name, {n}, "(sequences,)");
@@ -244,6 +249,58 @@ int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t) {
   return c.ok() ? t.sizes[0] - 1 : 0;
 }
 
+// The block-wise caching fields (forward only), after the other serving tensors' presence: whether block mode is on.
+bool check_blocks(Checker& c, const ServingArgs& a, bool pool, bool idx, int64_t Bt) {
+  if (a.block_table == nullptr) return false;
+  const bool table = c.presence(*a.block_table, "block_table", false, true, "");
+  const bool ctx = c.presence(*a.context_lens, "context_lens", false, true, "");
+  if (!c.ok()) return false;
+  if (a.block_size < 0) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            fmt::format("state_block_size: expected >= 0 (0 = no block-wise state caching), got {}", a.block_size));
+    return false;
+  }
+  if (a.block_size == 0) {
+    if (table || ctx)
+      c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+              fmt::format("{}: only read with state_block_size > 0 (block-wise state caching), got state_block_size 0",
+                          table ? "block_table" : "context_lens"));
+    return false;
+  }
+  if (!pool) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            fmt::format("ssm_states: required with state_block_size > 0 (got {}): the blocks' states are written "
+                        "into its slots",
+                        a.block_size));
+    return false;
+  }
+  if (!table) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            fmt::format("block_table: required with state_block_size > 0 (got {}): entry [b][j] names the slot of "
+                        "block j of sequence b, but its data pointer is NULL",
+                        a.block_size));
+    return false;
+  }
+  if (idx) {
+    c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
+            "cache_indices: must be absent with block_table (block_table names every slot a sequence reads or "
+            "writes); got both");
+    return false;
+  }
+  const selscan_tensor_t& t = *a.block_table;
+  c.dtype(t, "block_table", SELSCAN_DTYPE_INT32, "slot indices", SELSCAN_DTYPE_INT64);
+  if (!c.ok()) return false;
+  if (t.ndim != 2 || t.sizes[0] != Bt || t.sizes[1] < 1) {
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+            fmt::format("block_table: expected shape ({}, blocks) (sequences, blocks >= 1), got {}", Bt,
+                        given_shape(t)));
+    return false;
+  }
+  c.layout(t, "block_table", false, false);
+  if (ctx) check_entries(c, *a.context_lens, "context_lens", Bt, SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64);
+  return c.ok();
+}
+
 // The other serving fields, after the inputs (p.batch is the number of sequences). `last_state` is the forward's
 // (NULL for the backward).
 void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0, const selscan_tensor_t* last_state,
@@ -256,10 +313,12 @@ void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0,
   if (idx) check_entries(c, *a.cache_indices, "cache_indices", Bt, SELSCAN_DTYPE_INT32, SELSCAN_DTYPE_INT64);
   if (init)
     check_entries(c, *a.has_initial_state, "has_initial_state", Bt, SELSCAN_DTYPE_BOOL, SELSCAN_DTYPE_INT32);
+  const bool blocks = check_blocks(c, a, pool, idx, Bt);
   if (!c.ok()) return;
-  if (!idx && a.pad_slot_id != 0) {
+  if (!idx && !blocks && a.pad_slot_id != 0) {
     c.failf(SELSCAN_STATUS_INVALID_ARGUMENT,
-            fmt::format("pad_slot_id: only read with cache_indices, got {} without them (leave it 0)", a.pad_slot_id));
+            fmt::format("pad_slot_id: only read with cache_indices or block_table, got {} without them (leave it 0)",
+                        a.pad_slot_id));
     return;
   }
   if (init && h0.data == nullptr && !pool) {
@@ -289,7 +348,7 @@ void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0,
                           p.dstate, given_shape(t)));
       return;
     }
-    if (!idx && t.sizes[0] != Bt) {
+    if (!idx && !blocks && t.sizes[0] != Bt) {
       c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
               fmt::format("ssm_states: without cache_indices sequence b uses slot b, so the pool must have {} slots "
                           "(one per sequence), got shape {}",
@@ -320,6 +379,17 @@ void check_serving(Checker& c, const ServingArgs& a, const selscan_tensor_t& h0,
   if (init) {
     p.has_init = view_of(*a.has_initial_state);
     p.init_i32 = a.has_initial_state->dtype == SELSCAN_DTYPE_INT32;
+  }
+  if (blocks) {
+    p.block_size = a.block_size;
+    p.pad_slot_id = a.pad_slot_id;
+    p.block_table = view_of(*a.block_table);
+    p.table_cols = a.block_table->sizes[1];
+    p.table_i64 = a.block_table->dtype == SELSCAN_DTYPE_INT64;
+    if (a.context_lens->data != nullptr) {
+      p.context_lens = view_of(*a.context_lens);
+      p.ctx_i64 = a.context_lens->dtype == SELSCAN_DTYPE_INT64;
+    }
   }
   // x holds the true state in serving calls (the forward and its backward agree without knowing each other's
   // initial-state source).
@@ -389,7 +459,7 @@ Status make_fwd_problem(const selscan_fwd_args_t* args, Problem* out) {
                p);
   reserved_zero(c, a->flags, "flags");
   check_serving(c, ServingArgs{&a->cu_seqlens, &a->ssm_states, &a->cache_indices, &a->has_initial_state,
-                               a->pad_slot_id},
+                               a->pad_slot_id, a->state_block_size, &a->block_table, &a->context_lens},
                 a->h0, &a->last_state, p);
   if (!c.ok()) return c.status;
   const bool has_z = p.z.present();
@@ -419,7 +489,8 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
   check_inputs(c, Inputs{&a->u, &a->delta, &a->A, &a->B, &a->C, &a->D, &a->z, &a->delta_bias, &a->h0,
                          a->delta_softplus, seqs},
                p);
-  check_serving(c, ServingArgs{&a->cu_seqlens, nullptr, &a->cache_indices, &a->has_initial_state, a->pad_slot_id},
+  check_serving(c, ServingArgs{&a->cu_seqlens, nullptr, &a->cache_indices, &a->has_initial_state, a->pad_slot_id, 0,
+                               nullptr, nullptr},
                 a->h0, nullptr, p);
   if (!c.ok()) return c.status;
   if (a->deterministic != 0 && a->deterministic != 1)
@@ -476,6 +547,98 @@ int64_t entry(const View& v, bool i64, int64_t i) {
 }
 }  // namespace
 
+namespace {
+// Entry [b][j] of the (batch, M) block table.
+int64_t table_entry(const Problem& p, int64_t b, int64_t j) {
+  const int64_t i = b * p.block_table.s[0] + j * p.block_table.s[1];
+  return p.table_i64 ? static_cast<const int64_t*>(p.block_table.p)[i] : static_cast<const int32_t*>(p.block_table.p)[i];
+}
+
+// Block-wise state caching: every entry a sequence reads is a slot of the pool (or pad_slot_id where allowed), the
+// table is wide enough, and no slot is written twice or written by one sequence while another starts from it.
+Status check_host_blocks(const Problem& p) {
+  const int64_t K = p.block_size;
+  struct Use {
+    int64_t slot, b, j;
+    bool write;
+  };
+  std::vector<Use> uses;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len = p.varlen ? entry(p.cu_seqlens, p.cu_i64, b + 1) - entry(p.cu_seqlens, p.cu_i64, b) : p.seqlen;
+    const int64_t ctx = p.context_lens.present() ? entry(p.context_lens, p.ctx_i64, b) : 0;
+    if (ctx < 0)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("context_lens[{}]: expected >= 0 (tokens before this call), got {}", b, ctx));
+    if (ctx > INT64_MAX - len)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("context_lens[{}]: {} plus the sequence's length {} overflows int64", b, ctx, len));
+    if (len == 0) continue;  // reads no entry, writes no slot
+    const int64_t last = seq_block_last(ctx, len, K);
+    if (last >= p.table_cols)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("block_table: sequence {} (context {}, {} tokens, block size {}) ends in block {}, but "
+                              "block_table has {} blocks per sequence",
+                              b, ctx, len, K, last, p.table_cols));
+    // Entry j holds slot v, read or written as `role`; pad_slot_id is allowed there unless the block is read.
+    auto slot_ok = [&](int64_t j, int64_t v, bool pad_ok, const char* role) -> Status {
+      if (v >= 0 && v < p.slots) return SELSCAN_STATUS_SUCCESS;
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("block_table[{}][{}]: expected a slot of ssm_states in [0, {}){} ({}), got {}", b, j,
+                              p.slots, pad_ok ? fmt::format(" or pad_slot_id ({})", p.pad_slot_id) : std::string(),
+                              role, v));
+    };
+    const int64_t fin = table_entry(p, b, last);
+    if (fin == p.pad_slot_id) continue;  // padding: nothing read or written
+    if (ctx > 0 && (!p.has_init.present() ||
+                    (p.init_i32 ? static_cast<const int32_t*>(p.has_init.p)[b * p.has_init.s[0]] != 0
+                                : static_cast<const unsigned char*>(p.has_init.p)[b * p.has_init.s[0]] != 0))) {
+      const int64_t j = (ctx - 1) / K, v = table_entry(p, b, j);
+      if (v == p.pad_slot_id)
+        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                    fmt::format("block_table[{}][{}]: sequence {} resumes at position {} from this block's state, got "
+                                "pad_slot_id ({})",
+                                b, j, b, ctx, v));
+      if (Status st = slot_ok(j, v, false, "the state a resumed sequence starts from"); st != SELSCAN_STATUS_SUCCESS) return st;
+      uses.push_back({v, b, j, false});
+    }
+    for (int64_t j = seq_block_first(ctx, K); j <= last; ++j) {
+      const int64_t v = table_entry(p, b, j);
+      if (v == p.pad_slot_id && j < last) continue;  // a boundary state nobody keeps
+      if (Status st = slot_ok(j, v, true, j < last ? "a block boundary's state" : "the final state"); st != SELSCAN_STATUS_SUCCESS)
+        return st;
+      uses.push_back({v, b, j, true});
+    }
+  }
+  std::stable_sort(uses.begin(), uses.end(), [](const Use& x, const Use& y) {
+    return x.slot != y.slot ? x.slot < y.slot : x.write < y.write;  // per slot: reads first, then writes
+  });
+  for (size_t i = 0; i < uses.size();) {
+    size_t e = i;
+    while (e < uses.size() && uses[e].slot == uses[i].slot) ++e;
+    const Use* w = nullptr;
+    for (size_t k = i; k < e; ++k) {
+      const Use& u = uses[k];
+      if (!u.write) continue;
+      if (w != nullptr)
+        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                    fmt::format("block_table: slot {} is written twice, by sequence {} block {} and by sequence {} "
+                                "block {}; a slot holds one block's state per call",
+                                u.slot, w->b, w->j, u.b, u.j));
+      w = &u;
+    }
+    if (w != nullptr)
+      for (size_t k = i; k < e; ++k)
+        if (!uses[k].write && uses[k].b != w->b)
+          return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                      fmt::format("block_table: slot {} is read by sequence {} (block {}) and written by sequence {} "
+                                  "(block {}) in the same call; the read would race with the write",
+                                  uses[k].slot, uses[k].b, uses[k].j, w->b, w->j));
+    i = e;
+  }
+  return SELSCAN_STATUS_SUCCESS;
+}
+}  // namespace
+
 Status check_host_serving(const Problem& p) {
   if (p.varlen) {
     const int64_t first = entry(p.cu_seqlens, p.cu_i64, 0), last = entry(p.cu_seqlens, p.cu_i64, p.batch);
@@ -494,6 +657,7 @@ Status check_host_serving(const Problem& p) {
                   fmt::format("cu_seqlens: must end at the packed length {} (u's last dim), got cu_seqlens[{}] = {}",
                               p.seqlen, p.batch, last));
   }
+  if (p.block_size > 0) return check_host_blocks(p);
   if (p.cache_indices.present() && p.ssm_states.present()) {
     std::vector<std::pair<int64_t, int64_t>> used;  // (slot, sequence)
     for (int64_t b = 0; b < p.batch; ++b) {

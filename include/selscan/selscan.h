@@ -37,10 +37,10 @@
 
 /* ---------------------------------------------------------------------------------------------- 1 */
 #define SELSCAN_VERSION_MAJOR 0
-#define SELSCAN_VERSION_MINOR 3
+#define SELSCAN_VERSION_MINOR 4
 #define SELSCAN_VERSION_PATCH 0
 #define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
-#define SELSCAN_VERSION_STRING "0.3.0" /* the three numbers above, as selscan_version_string() returns them */
+#define SELSCAN_VERSION_STRING "0.4.0" /* the three numbers above, as selscan_version_string() returns them */
 
 #if defined(_WIN32)
 #  if defined(SELSCAN_BUILDING_LIBRARY)
@@ -171,6 +171,31 @@ typedef struct selscan_exec_t {
  * Any serving field turns the fold_B convention off (x holds the true state). The backward of a call with
  * ssm_states takes the states it started from as h0 (gathered before the forward overwrote them) and the same
  * cu_seqlens / cache_indices / has_initial_state / pad_slot_id; dh0 (Bt, D, N) is per sequence.
+ *
+ * Block-wise state caching (since 0.4, forward only; vLLM's prefix caching for Mamba): with
+ * state_block_size K > 0 every sequence keeps one pool slot per K-token block of its whole history instead of one
+ * slot, so a later request sharing a K-aligned prefix can resume from the state at the end of that prefix.
+ *   block_table (Bt, M) INT32 or INT64, any strides: entry [b][j] is the slot of block j of sequence b, block j
+ *     being its absolute token positions [jK, (j+1)K). Needs ssm_states; cache_indices must be absent.
+ *   context_lens (Bt,) INT32 or INT64, optional: c_b >= 0, the tokens of sequence b processed by earlier calls
+ *     (the absolute position of its first token here). Absent: 0.
+ * Sequence b with c = c_b and l tokens in this call:
+ *   - starts from slot table[b][(c-1)/K] when c > 0 (and has_initial_state[b] != 0 if given), else from zero;
+ *   - for every block j whose end (j+1)K lies strictly inside (c, c+l), the state after token (j+1)K-1 is
+ *     written to table[b][j];
+ *   - its final state (after c+l tokens) is written to table[b][(c+l-1)/K] (a partial block's state: the call
+ *     that completes the block overwrites it).
+ * Entries equal to pad_slot_id mean "no slot": a boundary write there is skipped; a sequence whose final entry is
+ * pad_slot_id is padding (outputs 0, nothing read or written); the entry a sequence starts from may not be
+ * pad_slot_id. M must cover (c+l-1)/K; entries outside [first read, final] are never read. A sequence with l = 0
+ * reads no entry, writes no slot and has no output. out, out_z and x are those of the call without blocks, and
+ * each boundary state is the final state of a call ending at that boundary. Slots written by the call must be
+ * distinct, and no sequence may start from a slot another sequence writes. CPU calls check every entry they read
+ * (INVALID_ARGUMENT naming it); on CUDA an entry outside [0, S), a starting entry equal to pad_slot_id or a
+ * negative context length gives that sequence NaN outputs and touches no slot.
+ * The backward has no block fields (the gradients do not depend on where states are cached): pass the states the
+ * sequences started from as h0 (h0[b] = ssm_states[table[b][(c_b-1)/K]] gathered before the forward, a zero row
+ * where c_b = 0) with the same cu_seqlens, and padding as cache_indices (the final entries, or any non-pad value).
  */
 typedef struct selscan_fwd_args_t {
   size_t struct_size;          /* sizeof(selscan_fwd_args_t) */
@@ -192,7 +217,11 @@ typedef struct selscan_fwd_args_t {
   selscan_tensor_t ssm_states;        /* optional, read and written in place: state pool (S, D, N), wtype */
   selscan_tensor_t cache_indices;     /* optional: (Bt,) INT32/INT64, each sequence's slot in ssm_states */
   selscan_tensor_t has_initial_state; /* optional: (Bt,) BOOL/INT32, 0 = start from zero */
-  int64_t pad_slot_id;                /* with cache_indices: the entry that marks a padding sequence */
+  int64_t pad_slot_id;                /* with cache_indices or block_table: the entry that marks padding */
+  /* since 0.4: block-wise state caching (see "Block-wise state caching" above); 0/absent is the 0.3 call */
+  int64_t state_block_size;           /* K: tokens per cached block; 0 = off, > 0 needs block_table */
+  selscan_tensor_t block_table;       /* (Bt, M) INT32/INT64: slot of each sequence's blocks (replaces cache_indices) */
+  selscan_tensor_t context_lens;      /* optional: (Bt,) INT32/INT64, tokens of each sequence before this call */
 } selscan_fwd_args_t;
 
 /* Every tensor absent, softplus off, flags 0: set the tensors the call needs. */
@@ -200,7 +229,8 @@ typedef struct selscan_fwd_args_t {
   {sizeof(selscan_fwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                   \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
    SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, \
-   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0}
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, \
+   SELSCAN_TENSOR_INIT}
 
 typedef struct selscan_bwd_args_t {
   size_t struct_size;          /* sizeof(selscan_bwd_args_t) */
@@ -304,7 +334,7 @@ SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_arg
                                                   const selscan_exec_t* exec);
 
 /* ---------------------------------------------------------------------------------------------- 6 */
-/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.3.0" */
+/* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.4.0" */
 SELSCAN_API const char* selscan_version_string(void);
 /* SELSCAN_VERSION of the loaded library (compare with the header's to detect a mismatch) */
 SELSCAN_API int32_t selscan_version(void);

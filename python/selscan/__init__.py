@@ -31,7 +31,7 @@ __version__ = _lib.lib.selscan_version_string().decode()
 
 
 def version():
-    """The loaded library's version string, e.g. "0.3.0"."""
+    """The loaded library's version string, e.g. "0.4.0"."""
     return __version__
 
 

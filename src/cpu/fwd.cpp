@@ -110,11 +110,29 @@ Status fwd_impl(const Problem& p, int num_threads) {
         }
         W* h = s.h.data() + r * Np;
         W* P = s.P.data() + r * Np;
-        FwdBlockT<W> k{T,         Np,        s.delta.data(), s.du.data(), cc.A2.data(), cc.Bc.data(),
-                       s.Bt.data(), cc.Cc.data(), s.Ct.data(),    cc.Cs.data(), h,            P,
-                       s.y.data()};
-        k.N = N;
-        run_fwd_kernel(k, vb, vc, with_P);
+        // Steps [a, e) of the time block.
+        auto advance = [&](int64_t a, int64_t e) {
+          FwdBlockT<W> k{e - a,     Np,        s.delta.data() + a, s.du.data() + a, cc.A2.data(), cc.Bc.data(),
+                         s.Bt.data() + (vb ? a * Np : 0),       cc.Cc.data(),    s.Ct.data() + (vc ? a * Np : 0),
+                         cc.Cs.data(), h,     P,                  s.y.data() + a};
+          k.N = N;
+          run_fwd_kernel(k, vb, vc, with_P);
+        };
+        // Block-wise state caching: the kernel stops after each block end strictly inside the sequence and the
+        // state is copied into that block's slot. The kernels carry nothing across steps but h and P (kept in
+        // memory between calls), so the split changes no bit of out, x or the final state; a hook inside the
+        // vector kernels would cost every call a branch per step.
+        int64_t a = 0;
+        if (seq.block > 0)
+          for (int64_t e = next_block_end(seq.ctx, t0, seq.block) - t0; e < T && t0 + e < L - 1;
+               e += seq.block) {
+            advance(a, e + 1);
+            a = e + 1;
+            const View slot = block_slot(p, task_b, (seq.ctx + t0 + e) / seq.block);
+            if (slot.present())
+              for (int64_t n = 0; n < N; ++n) wstore(slot, d * slot.s[1] + n * slot.s[2], h[n]);
+          }
+        if (a < T) advance(a, T);
 
         store_row(q.itype, q.out.p, bdl_offset(q.out, b, d) + t0, T, s.y.data());
         if (q.z.present()) {

@@ -20,7 +20,23 @@ View shifted(const View& v, int64_t elems, int64_t bytes) {
   return r;
 }
 
+bool flag(const View& v, bool i32, int64_t i) {
+  return i32 ? static_cast<const int32_t*>(v.p)[i * v.s[0]] != 0
+             : static_cast<const unsigned char*>(v.p)[i * v.s[0]] != 0;
+}
+
+int64_t table_entry(const Problem& p, int64_t b, int64_t j) {
+  const int64_t i = b * p.block_table.s[0] + j * p.block_table.s[1];
+  return p.table_i64 ? static_cast<const int64_t*>(p.block_table.p)[i] : static_cast<const int32_t*>(p.block_table.p)[i];
+}
+
 }  // namespace
+
+View block_slot(const Problem& p, int64_t b, int64_t j) {
+  const int64_t slot = table_entry(p, b, j);
+  if (slot == p.pad_slot_id) return View{};
+  return shifted(p.ssm_states, slot * p.ssm_states.s[0], p.is_complex ? 8 : 4);
+}
 
 SeqProblem sequence_problem(const Problem& p, int64_t b) {
   SeqProblem s;
@@ -32,9 +48,19 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
   }
   const int64_t slot = p.cache_indices.present() ? entry(p.cache_indices, p.idx_i64, b) : b;
   s.pad = p.cache_indices.present() && slot == p.pad_slot_id;
-  const bool init = !p.has_init.present() ||
-                    (p.init_i32 ? static_cast<const int32_t*>(p.has_init.p)[b * p.has_init.s[0]] != 0
-                                : static_cast<const unsigned char*>(p.has_init.p)[b * p.has_init.s[0]] != 0);
+  bool init = !p.has_init.present() || flag(p.has_init, p.init_i32, b);
+  // Block mode: the final state's block decides padding; a sequence resumes from the block before its first token.
+  View first_slot{}, last_slot{};
+  if (p.block_size > 0) {
+    s.block = p.block_size;
+    s.ctx = p.context_lens.present() ? entry(p.context_lens, p.ctx_i64, b) : 0;
+    init = init && s.ctx > 0 && len > 0;
+    if (len > 0) {
+      s.pad = table_entry(p, b, seq_block_last(s.ctx, len, s.block)) == p.pad_slot_id;
+      if (!s.pad) last_slot = block_slot(p, b, seq_block_last(s.ctx, len, s.block));
+      if (!s.pad && init) first_slot = block_slot(p, b, (s.ctx - 1) / s.block);
+    }
+  }
 
   s.from_state = init && !s.pad && (p.h0.present() || p.ssm_states.present());
   Problem& q = s.q;
@@ -43,7 +69,8 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
   q.seqlen = len;
   q.nchunks = (len + kChunk - 1) / kChunk;
   q.serving = q.varlen = false;
-  q.cu_seqlens = q.ssm_states = q.cache_indices = q.has_init = View{};
+  q.cu_seqlens = q.ssm_states = q.cache_indices = q.has_init = q.block_table = q.context_lens = View{};
+  q.block_size = 0;
   // Time-major views: row `row`, time from `start`.
   const int64_t ib = itype_bytes(p.itype), wb = p.is_complex ? 8 : 4, cw = p.is_complex ? 2 : 1;
   for (View* v : {&q.u, &q.delta, &q.z, &q.out, &q.out_z, &q.dout, &q.du, &q.ddelta, &q.dz})
@@ -54,7 +81,10 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
   // States: one row per sequence, or its pool slot.
   q.last_state = shifted(q.last_state, b * q.last_state.s[0], wb);
   q.dh0 = shifted(q.dh0, b * q.dh0.s[0], wb);
-  if (p.ssm_states.present()) {
+  if (p.block_size > 0) {  // an empty sequence reads and writes nothing
+    q.h0 = first_slot;
+    q.last_state = last_slot;
+  } else if (p.ssm_states.present()) {
     const View slot_view = s.pad ? View{} : shifted(p.ssm_states, slot * p.ssm_states.s[0], wb);
     q.h0 = init ? slot_view : View{};
     q.last_state = slot_view;

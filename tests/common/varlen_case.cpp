@@ -1,5 +1,6 @@
 #include "varlen_case.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -35,9 +36,34 @@ int64_t VarlenSpec::total() const {
   return t;
 }
 
+bool VarlenSpec::pad(int64_t b) const {
+  const size_t i = static_cast<size_t>(b);
+  if (block_size > 0)
+    return lens[i] > 0 && block_table[i][static_cast<size_t>((ctx(b) + lens[i] - 1) / block_size)] == pad_slot_id;
+  return !cache_indices.empty() && cache_indices[i] == pad_slot_id;
+}
+
 bool VarlenSpec::starts_from_state(int64_t b) const {
   if (init == InitFrom::none || pad(b)) return false;
+  if (block_size > 0 && (ctx(b) == 0 || lens[static_cast<size_t>(b)] == 0)) return false;
   return has_init.empty() || has_init[static_cast<size_t>(b)] != 0;
+}
+
+std::vector<std::pair<int64_t, int64_t>> VarlenSpec::written_blocks(int64_t b) const {
+  std::vector<std::pair<int64_t, int64_t>> w;
+  const int64_t l = lens[static_cast<size_t>(b)], c = ctx(b);
+  if (block_size == 0 || l == 0 || pad(b)) return w;
+  for (int64_t j = c / block_size; j <= (c + l - 1) / block_size; ++j) {
+    const int64_t slot = block_table[static_cast<size_t>(b)][static_cast<size_t>(j)];
+    if (slot != pad_slot_id) w.emplace_back(j, slot);
+  }
+  return w;
+}
+
+int64_t VarlenSpec::initial_slot(int64_t b) const {
+  if (block_size > 0)
+    return block_table[static_cast<size_t>(b)][static_cast<size_t>((ctx(b) - 1) / block_size)];
+  return cache_indices.empty() ? b : cache_indices[static_cast<size_t>(b)];
 }
 
 std::string VarlenSpec::str() const {
@@ -57,6 +83,16 @@ std::string VarlenSpec::str() const {
     for (size_t i = 0; i < has_init.size(); ++i) os << (i ? "," : "") << has_init[i];
     os << "]";
   }
+  if (block_size > 0) {
+    os << " K=" << block_size << " table=[";
+    for (size_t i = 0; i < block_table.size(); ++i) {
+      os << (i ? ";" : "");
+      for (size_t j = 0; j < block_table[i].size(); ++j) os << (j ? "," : "") << block_table[i][j];
+    }
+    os << "] ctx=[";
+    for (size_t i = 0; i < context_lens.size(); ++i) os << (i ? "," : "") << context_lens[i];
+    os << "]";
+  }
   os << " cu=" << dtype_name(cu_dtype) << " seed=" << seed;
   return os.str();
 }
@@ -70,7 +106,7 @@ int64_t VarlenCase::start(int64_t b) const {
 
 std::vector<Tensor*> VarlenCase::all() {
   return {&u,   &delta, &A,  &B,  &C,      &D,     &z,          &delta_bias, &h0,  &cu_seqlens, &cache_indices,
-          &has_initial_state, &pool, &out, &out_z, &x, &last_state, &dout, &du, &ddelta, &dA, &dB, &dC, &dD, &dz,
+          &has_initial_state, &block_table, &context_lens, &pool, &out, &out_z, &x, &last_state, &dout, &du, &ddelta, &dA, &dB, &dC, &dD, &dz,
           &ddelta_bias, &dh0, &bwd_h0};
 }
 
@@ -113,6 +149,19 @@ VarlenCase make_varlen_case(const VarlenSpec& s) {
     c.has_initial_state = make_tensor(s.init_dtype, {Bt});
     for (int64_t b = 0; b < Bt; ++b) c.has_initial_state.set({b}, s.has_init[static_cast<size_t>(b)]);
   }
+  if (s.block_size > 0) {
+    if (static_cast<int64_t>(s.block_table.size()) != Bt || s.block_table[0].empty())
+      throw std::invalid_argument("make_varlen_case: block_table needs one non-empty row per sequence");
+    const int64_t M = static_cast<int64_t>(s.block_table[0].size());
+    c.block_table = make_tensor(s.table_dtype, {Bt, M});
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t j = 0; j < M; ++j)
+        c.block_table.set({b, j}, static_cast<double>(s.block_table[static_cast<size_t>(b)].at(static_cast<size_t>(j))));
+    if (!s.context_lens.empty()) {
+      c.context_lens = make_tensor(s.ctx_dtype, {Bt});
+      for (int64_t b = 0; b < Bt; ++b) c.context_lens.set({b}, static_cast<double>(s.ctx(b)));
+    }
+  }
   if (s.init == InitFrom::h0) {
     c.h0 = make_tensor(wt, {Bt, D, N});
     fill_states(c.h0, s.complex, g);
@@ -126,8 +175,8 @@ VarlenCase make_varlen_case(const VarlenSpec& s) {
     c.bwd_h0 = make_tensor(wt, {Bt, D, N});
     fill_states(c.bwd_h0, s.complex, g);
     for (int64_t b = 0; b < Bt; ++b) {
-      if (s.pad(b)) continue;
-      const int64_t slot = s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)];
+      if (s.pad(b) || (s.block_size > 0 && !s.starts_from_state(b))) continue;
+      const int64_t slot = s.initial_slot(b);
       for (int64_t d = 0; d < D; ++d)
         for (int64_t n = 0; n < N; ++n) c.bwd_h0.setc({b, d, n}, c.pool.getc({slot, d, n}));
     }
@@ -148,7 +197,9 @@ selscan_fwd_args_t VarlenCase::fwd_args(const Case::PtrMap& ptr) {
   a.out = d(out), a.out_z = d(out_z), a.x = d(x), a.last_state = d(last_state);
   a.cu_seqlens = d(cu_seqlens), a.ssm_states = d(pool), a.cache_indices = d(cache_indices);
   a.has_initial_state = d(has_initial_state);
-  a.pad_slot_id = spec.cache_indices.empty() ? 0 : spec.pad_slot_id;
+  a.pad_slot_id = spec.cache_indices.empty() && spec.block_size == 0 ? 0 : spec.pad_slot_id;
+  a.state_block_size = spec.block_size;
+  a.block_table = d(block_table), a.context_lens = d(context_lens);
   return a;
 }
 
@@ -227,10 +278,11 @@ selscan_status_t run_varlen_bwd(VarlenCase& c, const selscan_exec_t& exec, bool 
 namespace {
 
 // Sequence b's RefProblem (batch 1) from the case's stored inputs, and its dout.
-RefProblem seq_ref(const VarlenCase& c, int64_t b, std::vector<double>* dout) {
+// `len` >= 0: only its first len tokens (a block boundary's state is the final state of that prefix).
+RefProblem seq_ref(const VarlenCase& c, int64_t b, std::vector<double>* dout, int64_t len = -1) {
   const VarlenSpec& s = c.spec;
   RefProblem p;
-  const int64_t L = s.lens[static_cast<size_t>(b)], D = s.dim, N = s.dstate, row = s.packed ? 0 : b;
+  const int64_t L = len >= 0 ? len : s.lens[static_cast<size_t>(b)], D = s.dim, N = s.dstate, row = s.packed ? 0 : b;
   const int64_t t0 = c.start(b);
   p.Bt = 1, p.D = D, p.L = L, p.N = N, p.G = (s.var_B || s.var_C) ? s.groups : 1;
   p.cplx = s.complex, p.var_B = s.var_B, p.var_C = s.var_C, p.softplus = s.softplus;
@@ -270,7 +322,7 @@ RefProblem seq_ref(const VarlenCase& c, int64_t b, std::vector<double>* dout) {
     for (int64_t d = 0; d < D; ++d) p.bias.push_back(c.delta_bias.get({d}));
   if (p.has_h0) {
     const Tensor& src = s.init == InitFrom::h0 ? c.h0 : c.pool_in;
-    const int64_t r = s.init == InitFrom::h0 ? b : (s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)]);
+    const int64_t r = s.init == InitFrom::h0 ? b : s.initial_slot(b);
     for (int64_t d = 0; d < D; ++d)
       for (int64_t n = 0; n < N; ++n) p.h0.push_back(src.getc({r, d, n}));
   }
@@ -319,6 +371,7 @@ VarlenRef varlen_reference(const VarlenCase& c) {
   }
   for (int64_t b = 0; b < Bt; ++b) {
     if (s.pad(b)) continue;  // all zero; its slot (if any) untouched
+    if (s.block_size > 0 && s.lens[static_cast<size_t>(b)] == 0) continue;  // block mode: nothing read or written
     std::vector<double> dout;
     const RefProblem p = seq_ref(c, b, &dout);
     const RefFwd f = ref_forward(p);
@@ -332,12 +385,22 @@ VarlenRef varlen_reference(const VarlenCase& c) {
         r.du[i] = gr.du[k];
         r.ddelta[i] = gr.ddelta[k];
       }
-    const int64_t slot = s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)];
+    const int64_t slot = s.block_size > 0 ? -1 : s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)];
+    // Block mode: each block's state is the final state of the prefix ending at the block's end (or at the
+    // sequence's end for the last block).
+    const auto blocks = s.written_blocks(b);
+    for (const auto& [j, bslot] : blocks) {
+      const int64_t m = std::min(L, (j + 1) * s.block_size - s.ctx(b));
+      const RefFwd fm = m == L ? f : ref_forward(seq_ref(c, b, nullptr, m));
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t n = 0; n < N; ++n)
+          put(r.pool, (bslot * D + d) * N + n, fm.last_state[static_cast<size_t>(p.bdn(0, d, n))], s.complex);
+    }
     for (int64_t d = 0; d < D; ++d)
       for (int64_t n = 0; n < N; ++n) {
         const cd h = f.last_state[static_cast<size_t>(p.bdn(0, d, n))];
         put(r.last_state, (b * D + d) * N + n, h, s.complex);
-        if (c.pool.present()) put(r.pool, (slot * D + d) * N + n, h, s.complex);
+        if (c.pool.present() && slot >= 0) put(r.pool, (slot * D + d) * N + n, h, s.complex);
         if (p.has_h0) put(r.dh0, (b * D + d) * N + n, gr.dh0[static_cast<size_t>(p.bdn(0, d, n))], s.complex);
         add(r.dA, d * N + n, gr.dA[static_cast<size_t>(p.dn(d, n))], s.complex);
         if (!s.var_B) add(r.dB, d * N + n, gr.dB[static_cast<size_t>(p.dn(d, n))], s.complex);
@@ -446,8 +509,13 @@ void check_varlen(VarlenCase& c, const VarlenRef& r, bool bwd, double tol_scale)
     // Slots no sequence names: bit for bit as before. Named ones: the final states.
     const std::vector<double> got = c.pool.values(), before = c.pool_in.values();
     std::vector<char> named(static_cast<size_t>(s.slots), 0);
-    for (int64_t b = 0; b < s.batch(); ++b)
-      if (!s.pad(b)) named[static_cast<size_t>(s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)])] = 1;
+    for (int64_t b = 0; b < s.batch(); ++b) {
+      if (s.block_size > 0) {
+        for (const auto& jb : s.written_blocks(b)) named[static_cast<size_t>(jb.second)] = 1;
+      } else if (!s.pad(b)) {
+        named[static_cast<size_t>(s.cache_indices.empty() ? b : s.cache_indices[static_cast<size_t>(b)])] = 1;
+      }
+    }
     const size_t per_slot = got.size() / static_cast<size_t>(s.slots);
     for (size_t i = 0; i < got.size(); ++i)
       if (!named[i / per_slot])

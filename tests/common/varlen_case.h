@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "case.h"
@@ -33,6 +34,12 @@ struct VarlenSpec {
   int64_t slots = 0;                    // pool slots (InitFrom::pool)
   int64_t pad_slot_id = 0;              // with cache_indices
   int32_t cu_dtype = SELSCAN_DTYPE_INT32, idx_dtype = SELSCAN_DTYPE_INT32, init_dtype = SELSCAN_DTYPE_BOOL;
+  // Block-wise state caching (block_size > 0, with init = pool and no cache_indices): block_table[b] names the
+  // slots of sequence b's blocks, context_lens[b] its tokens before this call (empty: the tensor is absent).
+  int64_t block_size = 0;
+  std::vector<std::vector<int64_t>> block_table;
+  std::vector<int64_t> context_lens;
+  int32_t table_dtype = SELSCAN_DTYPE_INT32, ctx_dtype = SELSCAN_DTYPE_INT64;
   bool with_x = true, with_last_state = true;  // last_state: not with a pool
   bool with_dh0 = true;
   bool slow_decay = false;
@@ -41,9 +48,13 @@ struct VarlenSpec {
   std::string str() const;
   int64_t batch() const { return static_cast<int64_t>(lens.size()); }
   int64_t total() const;
-  bool pad(int64_t b) const {
-    return !cache_indices.empty() && cache_indices[static_cast<size_t>(b)] == pad_slot_id;
-  }
+  bool pad(int64_t b) const;
+  int64_t ctx(int64_t b) const { return context_lens.empty() ? 0 : context_lens[static_cast<size_t>(b)]; }
+  // Block mode: the (block, slot) pairs sequence b writes (boundaries and its final block; pad entries skipped),
+  // in order; the last pair is the final state's.
+  std::vector<std::pair<int64_t, int64_t>> written_blocks(int64_t b) const;
+  // The pool slot sequence b starts from (when starts_from_state(b)).
+  int64_t initial_slot(int64_t b) const;
   // Sequence b starts from its h0 row or slot (not padding, has_initial_state set or absent, a source given).
   bool starts_from_state(int64_t b) const;
 };
@@ -51,7 +62,7 @@ struct VarlenSpec {
 struct VarlenCase {
   VarlenSpec spec;
   Tensor u, delta, A, B, C, D, z, delta_bias, h0;  // inputs: (rows, D, T), B/C (rows, G, N, T or 2T), h0 (Bt, D, N)
-  Tensor cu_seqlens, cache_indices, has_initial_state;
+  Tensor cu_seqlens, cache_indices, has_initial_state, block_table, context_lens;
   Tensor pool;      // ssm_states (S, D, N): in and out
   Tensor pool_in;   // the pool before the forward (for the oracle and the untouched-slot checks)
   Tensor out, out_z, x, last_state, dout;

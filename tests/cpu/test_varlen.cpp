@@ -318,7 +318,7 @@ TEST(VarlenValidation, FieldCombinations) {
   {
     Call k{VarlenSpec{}};
     k.f.pad_slot_id = 7;
-    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"pad_slot_id: only read with cache_indices, got 7"});
+    expect_fail(k.fwd(), SELSCAN_STATUS_INVALID_ARGUMENT, {"pad_slot_id: only read with cache_indices or block_table, got 7"});
   }
   {
     VarlenSpec s;
