@@ -53,7 +53,8 @@ def check_device(device_index=0):
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                       return_last_state=False, initial_state=None, itype=None, num_threads=0, *, cu_seqlens=None,
-                      ssm_states=None, cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+                      ssm_states=None, cache_indices=None, has_initial_state=None, pad_slot_id=-1,
+                      block_table=None, context_lens=None, state_block_size=0):
     """Forward selective scan with upstream mamba_ssm's shapes.
 
     u, delta, z: (Bt, D, L). A: (D, N) float32 or complex64. B, C: (D, N) weights (A's dtype) or per-token
@@ -68,11 +69,16 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     in place (each sequence starts from its slot, cache_indices (Bt,) picking it, and ends there);
     has_initial_state (Bt,) bool/int32 starts a sequence from zero where 0; an index equal to pad_slot_id marks
     a padding sequence (zero output, no slot touched). initial_state and last_state are then per sequence.
+    Block-wise state caching (docs/serving.md): state_block_size K > 0 with block_table (Bt, M) int32/int64 (slot
+    of each K-token block of each sequence, instead of cache_indices) and context_lens (Bt,) (tokens before this
+    call) writes the state at every block end into that block's slot of ssm_states.
     """
-    if not (cu_seqlens is None and ssm_states is None and cache_indices is None and has_initial_state is None):
+    if not (cu_seqlens is None and ssm_states is None and cache_indices is None and has_initial_state is None
+            and block_table is None and context_lens is None and not state_block_size):
         be, u = backend_for(u)
         p = prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state, itype)
-        sv = Serving(be, cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id)
+        sv = Serving(be, cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id, block_table,
+                     context_lens, state_block_size)
         r = run_fwd(p, delta_softplus, want_last=bool(return_last_state), num_threads=num_threads, serving=sv)
         y = be.to_user(r["out_z"] if z is not None else r["out"], p.it)
         return (y, r["last_state"]) if return_last_state else y

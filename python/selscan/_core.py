@@ -88,19 +88,22 @@ def prepare(be, u, delta, A, B, C, D=None, z=None, delta_bias=None, h0=None, ity
 
 class Serving:
     """The serving arguments of a call (docs/serving.md) in library form: packed sequences (cu_seqlens), a state
-    pool (ssm_states, updated in place, so it is used as given), cache_indices, has_initial_state, pad_slot_id."""
+    pool (ssm_states, updated in place, so it is used as given), cache_indices, has_initial_state, pad_slot_id, and
+    block-wise state caching (state_block_size, block_table, context_lens; forward only)."""
 
     def __init__(self, be, cu_seqlens=None, ssm_states=None, cache_indices=None, has_initial_state=None,
-                 pad_slot_id=-1):
+                 pad_slot_id=-1, block_table=None, context_lens=None, state_block_size=0):
         self.t, self.codes = {}, {}
         for name, v in (("cu_seqlens", cu_seqlens), ("cache_indices", cache_indices),
-                        ("has_initial_state", has_initial_state)):
+                        ("has_initial_state", has_initial_state), ("block_table", block_table),
+                        ("context_lens", context_lens)):
             a = be.adopt(name, v)
             self.t[name] = a
             if a is not None:
                 self.codes[name] = be.index_code(name, a)
         self.t["ssm_states"] = be.adopt("ssm_states", ssm_states)
-        self.pad_slot_id = int(pad_slot_id) if cache_indices is not None else 0
+        self.state_block_size = int(state_block_size)
+        self.pad_slot_id = int(pad_slot_id) if cache_indices is not None or block_table is not None else 0
 
     @property
     def varlen(self):
@@ -113,9 +116,10 @@ class Serving:
     def without_pool(self):
         """The same call for the backward (which has no pool: its initial states come as h0)."""
         s = Serving.__new__(Serving)
-        s.t = dict(self.t, ssm_states=None)
+        s.t = dict(self.t, ssm_states=None, block_table=None, context_lens=None)
         s.codes = dict(self.codes)
-        s.pad_slot_id = self.pad_slot_id
+        s.pad_slot_id = self.pad_slot_id if s.t["cache_indices"] is not None else 0
+        s.state_block_size = 0
         return s
 
     def fill(self, p, args, names):
@@ -124,6 +128,8 @@ class Serving:
                 code = self.codes.get(name, p.wt)  # ssm_states: A's dtype, used in place (not converted)
                 _set(p, args, name, self.t[name], code)
         args.pad_slot_id = self.pad_slot_id
+        if hasattr(args, "state_block_size"):  # the forward's struct
+            args.state_block_size = self.state_block_size
 
 
 def _code_of(p, name):
@@ -196,7 +202,7 @@ def run_fwd(p, delta_softplus=False, want_x=False, want_last=False, num_threads=
     for name in _lib.FWD_OUTPUTS:
         _set(p, args, name, r[name])
     if serving is not None:
-        serving.fill(p, args, _lib.FWD_SERVING)
+        serving.fill(p, args, _lib.FWD_SERVING + _lib.FWD_BLOCKS)
     args.delta_softplus = 1 if delta_softplus else 0
     ex = _exec(p, num_threads)
     keep = _attach_workspace(p, "fwd", args, ex)  # noqa: F841  (alive until the call is enqueued)

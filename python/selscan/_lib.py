@@ -100,6 +100,8 @@ FWD_OUTPUTS = ("out", "out_z", "x", "last_state")
 # Serving fields (docs/serving.md), appended to both structs.
 FWD_SERVING = ("cu_seqlens", "ssm_states", "cache_indices", "has_initial_state")
 BWD_SERVING = ("cu_seqlens", "cache_indices", "has_initial_state")
+# Block-wise state caching (forward only, since 0.4), after state_block_size.
+FWD_BLOCKS = ("block_table", "context_lens")
 
 
 class FwdArgs(ctypes.Structure):
@@ -109,6 +111,7 @@ class FwdArgs(ctypes.Structure):
         + [("delta_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
         + [(n, Tensor) for n in FWD_OUTPUTS]
         + [(n, Tensor) for n in FWD_SERVING] + [("pad_slot_id", ctypes.c_int64)]  # since 0.3
+        + [("state_block_size", ctypes.c_int64)] + [(n, Tensor) for n in FWD_BLOCKS]  # since 0.4
     )
 
 

@@ -428,6 +428,31 @@ class _ScanFn(torch.autograd.Function):
         return du, ddelta, _match(dA, A), _match(dB, B), _match(dC, C), dD, dz, dbias, None, None
 
 
+def _block_slots(sv, n, length, slots):
+    """Block mode: the slot each sequence starts from and whether it starts from it (c > 0, its flag set, a slot of
+    the pool), and the backward's serving arguments: the backward has no block fields, so its cache_indices mark
+    the padding sequences (final entry pad_slot_id)."""
+    table, K, pad = sv.t["block_table"].long(), sv.state_block_size, sv.pad_slot_id
+    dev = table.device
+    cu = sv.t["cu_seqlens"]
+    lens = torch.full((n,), length, device=dev, dtype=torch.long) if cu is None else (cu[1:] - cu[:-1]).long()
+    ctx = sv.t["context_lens"]
+    ctx = torch.zeros(n, device=dev, dtype=torch.long) if ctx is None else ctx.long()
+    rows = torch.arange(n, device=dev)
+    start = table[rows, ((ctx - 1) // K).clamp(0, table.shape[1] - 1)]
+    fin = table[rows, ((ctx + lens - 1) // K).clamp(0, table.shape[1] - 1)]
+    padding = (lens > 0) & (fin == pad)
+    keep = (ctx > 0) & (lens > 0) & ~padding & (start >= 0) & (start < slots)
+    if sv.t["has_initial_state"] is not None:
+        keep = keep & (sv.t["has_initial_state"] != 0)
+    bwd = sv.without_pool()
+    if bool(padding.any()):
+        bwd.t["cache_indices"] = torch.where(padding, pad, 0).to(torch.int64)
+        bwd.codes["cache_indices"] = "i64"
+        bwd.pad_slot_id = pad
+    return start, keep, bwd
+
+
 class _ServingScanFn(torch.autograd.Function):
     """selective_scan_fn with serving arguments (docs/serving.md): packed sequences, per-sequence initial states,
     a state pool. The general path (_core), kept apart from the dense fast path. The pool is updated in place and
@@ -439,18 +464,21 @@ class _ServingScanFn(torch.autograd.Function):
         p = _core.prepare(be, u, delta, A, B, C, D, z, delta_bias, initial_state)
         sv = _core.Serving(be, *sv_args)
         grad = any(ctx.needs_input_grad[:9])
-        h0 = None
+        h0, sv_bwd = None, sv
         pool = sv.t["ssm_states"]
         if grad and pool is not None:
             # The backward starts each sequence where the forward did: gather the slots before they are overwritten.
             idx = sv.t["cache_indices"]
             n = sv.sequences(u.shape[0])
-            idx = torch.arange(n, device=u.device) if idx is None else idx.long()
-            keep = (idx >= 0) & (idx < pool.shape[0])
+            if sv.state_block_size > 0:
+                idx, keep, sv_bwd = _block_slots(sv, n, u.shape[2], pool.shape[0])
+            else:
+                idx = torch.arange(n, device=u.device) if idx is None else idx.long()
+                keep = (idx >= 0) & (idx < pool.shape[0])
             h0 = pool[torch.where(keep, idx, torch.zeros_like(idx))] * keep.view(-1, 1, 1).to(pool.dtype)
         r = _core.run_fwd(p, delta_softplus, want_x=grad and _core.needs_x(p, sv), want_last=return_last_state,
                           serving=sv)
-        ctx.p, ctx.sv, ctx.softplus, ctx.h0 = p, sv, delta_softplus, h0
+        ctx.p, ctx.sv, ctx.softplus, ctx.h0 = p, sv_bwd, delta_softplus, h0
         ctx.saved = (r["out"] if z is not None else None, r["x"])
         ctx.in_dtypes = (None if D is None else D.dtype, None if delta_bias is None else delta_bias.dtype)
         y = r["out_z"] if z is not None else r["out"]
@@ -522,7 +550,8 @@ def _check_io_dtype(u):
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                       return_last_state=False, *, cu_seqlens=None, initial_state=None, ssm_states=None,
-                      cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+                      cache_indices=None, has_initial_state=None, pad_slot_id=-1, block_table=None,
+                      context_lens=None, state_block_size=0):
     """u, delta, z: (batch, dim, seqlen); A: (dim, dstate) float32 or complex64; B, C: (dim, dstate) or
     (batch, dstate, seqlen) / (batch, groups, dstate, seqlen) (complex A: seqlen*2, Re/Im interleaved);
     D, delta_bias: (dim,) float32. Returns out (out * silu(z) when z is given), and last_state
@@ -530,11 +559,13 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     Serving (docs/serving.md; keyword-only, eager autograd, not traced by torch.compile): cu_seqlens packs
     sequences along seqlen (u (1, dim, total_len)); initial_state (sequences, dim, dstate) is differentiable;
     ssm_states (slots, dim, dstate) is a state pool updated in place, cache_indices / has_initial_state /
-    pad_slot_id as the C ABI's."""
+    pad_slot_id as the C ABI's; block_table / context_lens / state_block_size: block-wise state caching (the
+    state at every block end written into that block's slot of ssm_states)."""
     if not (cu_seqlens is None and initial_state is None and ssm_states is None and cache_indices is None
-            and has_initial_state is None):
+            and has_initial_state is None and block_table is None and context_lens is None and not state_block_size):
         _check_io_dtype(u)
-        sv_args = (cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id)
+        sv_args = (cu_seqlens, ssm_states, cache_indices, has_initial_state, pad_slot_id, block_table, context_lens,
+                   state_block_size)
         return _ServingScanFn.apply(u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus),
                                     bool(return_last_state), sv_args)
     _check_io_dtype(u)

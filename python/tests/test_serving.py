@@ -114,3 +114,85 @@ def test_torch_packed_autograd(device):
         for got, t in zip((u.grad, delta.grad, B.grad, C.grad, z.grad), sl):
             torch.testing.assert_close(got[..., s:e], t.grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(h.grad[b:b + 1], hb.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_block_states_equal_truncated_scans():
+    """Block-wise state caching: the state at each block end lands in that block's slot and equals the last state of
+    a scan of the tokens up to there; out is the call's without blocks; pad entries and unnamed slots untouched."""
+    rng = np.random.default_rng(8)
+    K = 4
+    lens, ctx = [10, 0, 7], np.array([3, 5, 0], dtype=np.int32)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    u, delta, A, B, C, D, z, bias = inputs(rng, int(cu[-1]))
+    table = np.array([[0, 1, -1, 2], [9, 9, 9, 9], [3, 4, 5, 6]], dtype=np.int64)
+    slots = rng.standard_normal((10, 4, 8)).astype(np.float32)
+    pool = slots.copy()
+    y = selscan.selective_scan_fn(u, delta, A, B, C, D, z, bias, True, cu_seqlens=cu, ssm_states=pool,
+                                  block_table=table, context_lens=ctx, state_block_size=K, pad_slot_id=-1)
+    written = set()
+    for b, L in enumerate(lens):
+        if L == 0:
+            continue
+        s, e, c = int(cu[b]), int(cu[b + 1]), int(ctx[b])
+        h0 = slots[table[b][(c - 1) // K]][None] if c > 0 else None
+        yb = selscan.selective_scan_fn(piece(u, s, e), piece(delta, s, e), A, piece(B, s, e), piece(C, s, e), D,
+                                       piece(z, s, e), bias, True, initial_state=h0)
+        np.testing.assert_array_equal(y[..., s:e], yb)
+        for j in range(c // K, (c + L - 1) // K + 1):
+            if table[b][j] == -1:
+                continue
+            m = min(L, (j + 1) * K - c)  # the tokens of this call up to the block's end (or the sequence's)
+            _, last = selscan.selective_scan_fn(piece(u, s, s + m), piece(delta, s, s + m), A, piece(B, s, s + m),
+                                                piece(C, s, s + m), D, piece(z, s, s + m), bias, True,
+                                                return_last_state=True, initial_state=h0)
+            np.testing.assert_array_equal(pool[table[b][j]], last[0], err_msg=f"sequence {b} block {j}")
+            written.add(int(table[b][j]))
+    assert written == {0, 1, 2, 3, 4}  # block 2 of sequence 0 is a pad entry; sequence 1 is empty (slot 9 untouched)
+    for k in set(range(10)) - written:
+        np.testing.assert_array_equal(pool[k], slots[k])
+
+
+def test_block_states_bad_entry_is_named():
+    rng = np.random.default_rng(9)
+    u, delta, A, B, C, D, z, bias = inputs(rng, 6)
+    pool = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(selscan.SelscanError, match=r"block_table\[0\]\[1\]: expected a slot of ssm_states in \[0, 2\)"):
+        selscan.selective_scan_fn(u, delta, A, B, C, D, z, bias, True, ssm_states=pool,
+                                  block_table=np.array([[0, 5]], np.int32), state_block_size=4, pad_slot_id=-1)
+
+
+@pytest.mark.parametrize("device", _torch_devices())
+def test_torch_block_states_autograd(device):
+    """selscan.torch with block fields: the pool gets the block states, and the gradients (the states the sequences
+    started from gathered for the backward, padding marked) equal those of dense calls."""
+    torch = pytest.importorskip("torch")
+    from selscan.torch import selective_scan_fn
+    rng = np.random.default_rng(10)
+    K, lens = 4, [9, 6, 5]
+    cu_np = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    arrs = [torch.from_numpy(a).to(device) for a in inputs(rng, int(cu_np[-1]))]
+    slots = torch.from_numpy(rng.standard_normal((8, 4, 8)).astype(np.float32)).to(device)
+    pool = slots.clone()
+    cu = torch.from_numpy(cu_np).to(device)
+    table = torch.tensor([[0, 1, 2, 3], [-1, -1, -1, -1], [4, 5, 6, 7]], device=device, dtype=torch.int32)
+    ctx = torch.tensor([0, 0, 5], device=device, dtype=torch.int64)
+    leaves = [a.clone().requires_grad_(True) for a in arrs]
+    y = selective_scan_fn(*leaves, True, cu_seqlens=cu, ssm_states=pool, block_table=table, context_lens=ctx,
+                          state_block_size=K, pad_slot_id=-1)
+    dout = torch.randn_like(y)
+    y.backward(dout)
+    assert torch.all(y[..., 9:15] == 0)  # sequence 1 is padding
+    for b, (s, e) in enumerate(zip(cu_np[:-1], cu_np[1:])):
+        if b == 1:
+            continue
+        part = [a[..., s:e].clone().requires_grad_(True) if a.dim() > 1 and a.shape[-1] == y.shape[-1]
+                else a.detach().clone().requires_grad_(True) for a in arrs]
+        h0 = slots[5:6].clone() if b == 2 else None  # sequence 2 resumes at 5 from block 1 (slot 5)
+        yb, last = selective_scan_fn(*part, True, return_last_state=True, initial_state=h0)
+        torch.testing.assert_close(y[..., s:e], yb, rtol=1e-5, atol=1e-5)
+        yb.backward(dout[..., s:e])
+        for got, t in zip(leaves, part):
+            if t.dim() > 1 and t.shape[-1] == yb.shape[-1]:
+                torch.testing.assert_close(got.grad[..., s:e], t.grad, rtol=1e-5, atol=1e-5)
+        fin = table[b][(int(ctx[b]) + (e - s) - 1) // K]
+        torch.testing.assert_close(pool[fin], last[0], rtol=1e-5, atol=1e-5)
