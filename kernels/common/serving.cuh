@@ -5,7 +5,8 @@
 //
 // Robust to bad contents (the host cannot check device memory): offsets are clamped into [0, total_len] (a bad
 // cu_seqlens gives wrong values, never an access outside the tensors), and a cache index outside [0, S) that is not
-// the padding id reads and writes no slot (its outputs are NaN).
+// the padding id reads and writes no slot (its outputs are NaN). In block mode (block-wise state caching) every
+// table entry the sequence reads is checked up front, so a bad one leaves all its slots untouched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +32,8 @@ struct Seq {
   View init;    // the state it starts from, at element d * s[1] + n * s[2] (p == nullptr: zero)
   View fin;     // where its final state goes, likewise (p == nullptr: nowhere)
   int skip;     // SeqSkip
+  int64_t ctx;    // block mode: tokens before this call (0 otherwise)
+  int64_t block;  // block mode: K, the block size (0: off)
 };
 
 __device__ __forceinline__ int64_t load_entry(const View& v, bool i64, int64_t i) {
@@ -46,9 +49,64 @@ __device__ __forceinline__ View state_row(const View& v, int64_t r) {
   return s;
 }
 
+__device__ __forceinline__ int64_t table_entry(const Problem& p, int64_t b, int64_t j) {
+  const int64_t i = b * p.block_table.s[0] + j * p.block_table.s[1];
+  return p.table_i64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p.block_table.p) + i))
+                     : static_cast<int64_t>(__ldg(static_cast<const int*>(p.block_table.p) + i));
+}
+
+// Block mode (p.block_size > 0): the sequence's context, its starting and final slots, and whether every entry it
+// writes is pad_slot_id or a slot of the pool. Called by whole warps (the entries are checked lane-strided).
+template <bool kC>
+__device__ __forceinline__ void seq_blocks(const Problem& p, int64_t b, bool from_state, Seq& s) {
+  const int64_t K = p.block_size, len = s.len;
+  const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
+  s.block = K;
+  s.ctx = c;
+  s.init = s.fin = View{};
+  if (len == 0) return;  // no entry read, no slot written
+  if (c < 0 || c > INT64_MAX - len || seq_block_last(c, len, K) >= p.table_cols) {
+    s.skip = kSeqBadSlot;
+    return;
+  }
+  const int64_t last = seq_block_last(c, len, K), fin = table_entry(p, b, last);
+  if (fin == p.pad_slot_id) {
+    s.skip = kSeqPad;
+    return;
+  }
+  bool bad = false;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t j = seq_block_first(c, K) + lane; j <= last; j += 32) {
+    const int64_t v = table_entry(p, b, j);
+    bad = bad || (v != p.pad_slot_id && (v < 0 || v >= p.slots));
+  }
+  int64_t first = 0;
+  if (c > 0 && from_state) {
+    first = table_entry(p, b, (c - 1) / K);
+    bad = bad || first < 0 || first >= p.slots;  // pad_slot_id included: a resumed sequence needs its state
+  }
+  if (__any_sync(0xffffffffu, bad)) {
+    s.skip = kSeqBadSlot;
+    return;
+  }
+  s.fin = state_row<kC>(p.ssm_states, fin);
+  if (c > 0 && from_state) s.init = state_row<kC>(p.ssm_states, first);
+}
+
+// Block mode: the state h of channel d, state n after local position pos (a block end) into that block's slot,
+// unless its entry is pad_slot_id (seq_blocks has checked the others).
+template <bool kC>
+__device__ __forceinline__ void store_block_state(const Problem& p, const Seq& s, int64_t b, int64_t pos, int64_t d,
+                                                  int64_t n, typename Weights<kC>::W h) {
+  const int64_t slot = table_entry(p, b, (s.ctx + pos) / s.block);
+  if (slot == p.pad_slot_id) return;
+  const View v = state_row<kC>(p.ssm_states, slot);
+  st_w<kC>(v.p, d * v.s[1] + n * v.s[2], h);
+}
+
 template <bool kC>
 __device__ __forceinline__ Seq seq_of(const Problem& p, int64_t b) {
-  Seq s{b, 0, p.seqlen, 0, state_row<kC>(p.h0, b), state_row<kC>(p.last_state, b), kSeqRun};
+  Seq s{b, 0, p.seqlen, 0, state_row<kC>(p.h0, b), state_row<kC>(p.last_state, b), kSeqRun, 0, 0};
   if (!p.serving) return s;
   if (p.varlen) {
     const int64_t total = p.seqlen;
@@ -64,6 +122,10 @@ __device__ __forceinline__ Seq seq_of(const Problem& p, int64_t b) {
   if (p.has_init.p != nullptr)
     from_state = p.init_i32 ? __ldg(static_cast<const int*>(p.has_init.p) + b * p.has_init.s[0]) != 0
                             : __ldg(static_cast<const unsigned char*>(p.has_init.p) + b * p.has_init.s[0]) != 0;
+  if (p.block_size > 0) {
+    seq_blocks<kC>(p, b, from_state, s);
+    return s;
+  }
   int64_t slot = b;
   if (p.cache_indices.p != nullptr) {
     slot = load_entry(p.cache_indices, p.idx_i64, b);

@@ -210,6 +210,15 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
         du[k] = v * du[k];
       }
     }
+    // Block mode: bit k set where the lane's step k ends a block strictly inside the sequence; the state after it
+    // goes to that block's slot (a run-time branch of the serving variant only: the dense kernel is unchanged).
+    unsigned bmask = 0;
+    if constexpr (kServing) {
+      if (sq.block > 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+          if (tl + k < L - 1 && (sq.ctx + tl + k + 1) % sq.block == 0) bmask |= 1u << k;
+    }
     for (int64_t n0 = 0; n0 < N; n0 += NS) {
       const int ns = static_cast<int>(N - n0 < NS ? N - n0 : NS);
       if (var_B || var_C) {
@@ -271,6 +280,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
 #pragma unroll
           for (int k = 0; k < K; ++k) {
             h = wfma(a[k], h, bb[k]);
+            if constexpr (kServing)
+              if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
             y[k] = fwd_out_acc(h, cv[k], y[k]);
           }
         } else {
@@ -278,6 +289,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
 #pragma unroll
           for (int k = 0; k < K; ++k) {
             h = wfma(a[k], h, bb[k]);
+            if constexpr (kServing)
+              if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
             y[k] = fwd_out_acc(h, cc, y[k]);
           }
         }
