@@ -441,6 +441,26 @@ VarlenRef varlen_reference(const VarlenCase& c) {
   return r;
 }
 
+void copy_sequence_inputs(const VarlenCase& src, int64_t src_b, int64_t from, VarlenCase& dst, int64_t dst_b) {
+  const VarlenSpec& s = dst.spec;
+  const int64_t sr = src.spec.packed ? 0 : src_b, dr = s.packed ? 0 : dst_b;
+  for (int64_t d = 0; d < s.dim; ++d)
+    for (int64_t l = 0; l < s.lens[static_cast<size_t>(dst_b)]; ++l) {
+      const int64_t a = src.start(src_b) + from + l, e = dst.start(dst_b) + l;
+      dst.u.set({dr, d, e}, src.u.get({sr, d, a}));
+      dst.delta.set({dr, d, e}, src.delta.get({sr, d, a}));
+      if (s.has_z) dst.z.set({dr, d, e}, src.z.get({sr, d, a}));
+      for (int64_t g = 0; g < s.groups; ++g)
+        for (int64_t n = 0; n < s.dstate; ++n) {
+          if (s.var_B) dst.B.set({dr, g, n, e}, src.B.get({sr, g, n, a}));
+          if (s.var_C) dst.C.set({dr, g, n, e}, src.C.get({sr, g, n, a}));
+        }
+    }
+  dst.A = src.A, dst.D = src.D, dst.delta_bias = src.delta_bias;
+  if (!s.var_B) dst.B = src.B;
+  if (!s.var_C) dst.C = src.C;
+}
+
 Case sequence_case(const VarlenCase& c, int64_t b) {
   const VarlenSpec& s = c.spec;
   const int64_t L = s.lens[static_cast<size_t>(b)];

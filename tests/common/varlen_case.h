@@ -94,6 +94,10 @@ struct VarlenRef {
 };
 VarlenRef varlen_reference(const VarlenCase& c);
 
+// Gives sequence dst_b of `dst` the inputs of sequence src_b of `src` from its token `from` on (dst's length of
+// them), and src's weights (A, D, delta_bias): a piece of a longer sequence, e.g. one chunk of a chunked prefill.
+void copy_sequence_inputs(const VarlenCase& src, int64_t src_b, int64_t from, VarlenCase& dst, int64_t dst_b);
+
 // Sequence b as a dense case (batch 1) with the same inputs (a zero-length sequence has none: not callable).
 Case sequence_case(const VarlenCase& c, int64_t b);
 

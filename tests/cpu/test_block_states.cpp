@@ -116,19 +116,7 @@ TEST(BlockStates, SplitPrefillEqualsOneCall) {
       s.ctx_dtype = SELSCAN_DTYPE_INT32;
       VarlenCase c = make_varlen_case(s);
       for (int64_t b = 0; b < 2; ++b)  // this part's inputs: the whole sequence's, from where it stopped
-        for (int64_t d = 0; d < s.dim; ++d)
-          for (int64_t l = 0; l < lens[static_cast<size_t>(b)]; ++l) {
-            const int64_t src = w.start(b) + (k == 0 ? 0 : split) + l, dst = c.start(b) + l;
-            c.u.set({0, d, dst}, w.u.get({0, d, src}));
-            c.delta.set({0, d, dst}, w.delta.get({0, d, src}));
-            c.z.set({0, d, dst}, w.z.get({0, d, src}));
-            for (int64_t g = 0; g < s.groups; ++g)
-              for (int64_t n = 0; n < s.dstate; ++n) {
-                c.B.set({0, g, n, dst}, w.B.get({0, g, n, src}));
-                c.C.set({0, g, n, dst}, w.C.get({0, g, n, src}));
-              }
-          }
-      c.A = w.A, c.D = w.D, c.delta_bias = w.delta_bias;
+        copy_sequence_inputs(w, b, k == 0 ? 0 : split, c, b);
       c.pool_in = k == 0 ? w.pool_in : pool;
       ASSERT_EQ(run_varlen_fwd(c, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
       check_varlen(c, varlen_reference(c), false);
@@ -165,18 +153,7 @@ TEST(BlockStates, PrefixCacheHitEqualsOneScan) {
   VarlenSpec s = block_spec({40 - m * K}, K, {{0, 1, 2, 10, 11, 12, 13}}, {m * K}, 16);
   s.seed = 71;
   VarlenCase c = make_varlen_case(s);
-  for (int64_t d = 0; d < s.dim; ++d)
-    for (int64_t l = 0; l < 40 - m * K; ++l) {
-      c.u.set({0, d, l}, w.u.get({0, d, m * K + l}));
-      c.delta.set({0, d, l}, w.delta.get({0, d, m * K + l}));
-      c.z.set({0, d, l}, w.z.get({0, d, m * K + l}));
-      for (int64_t g = 0; g < s.groups; ++g)
-        for (int64_t n = 0; n < s.dstate; ++n) {
-          c.B.set({0, g, n, l}, w.B.get({0, g, n, m * K + l}));
-          c.C.set({0, g, n, l}, w.C.get({0, g, n, m * K + l}));
-        }
-    }
-  c.A = w.A, c.D = w.D, c.delta_bias = w.delta_bias;
+  copy_sequence_inputs(w, 0, m * K, c, 0);
   c.pool_in = w.pool;
   ASSERT_EQ(run_varlen_fwd(c, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   check_varlen(c, varlen_reference(c), false);

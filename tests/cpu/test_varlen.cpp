@@ -161,19 +161,7 @@ TEST(Varlen, ChunkedPrefillFromPoolEqualsOneScan) {
     s.idx_dtype = SELSCAN_DTYPE_INT64, s.init_dtype = SELSCAN_DTYPE_INT32;
     VarlenCase c = make_varlen_case(s);
     for (int64_t b = 0; b < 3; ++b)  // this piece's inputs: the whole sequence's, from where it stopped
-      for (int64_t d = 0; d < s.dim; ++d)
-        for (int64_t l = 0; l < s.lens[static_cast<size_t>(b)]; ++l) {
-          const int64_t src = w.start(b) + done[static_cast<size_t>(b)] + l, dst = c.start(b) + l;
-          c.u.set({0, d, dst}, w.u.get({0, d, src}));
-          c.delta.set({0, d, dst}, w.delta.get({0, d, src}));
-          c.z.set({0, d, dst}, w.z.get({0, d, src}));
-          for (int64_t g = 0; g < s.groups; ++g)
-            for (int64_t n = 0; n < s.dstate; ++n) {
-              c.B.set({0, g, n, dst}, w.B.get({0, g, n, src}));
-              c.C.set({0, g, n, dst}, w.C.get({0, g, n, src}));
-            }
-        }
-    c.A = w.A, c.D = w.D, c.delta_bias = w.delta_bias;
+      copy_sequence_inputs(w, b, done[static_cast<size_t>(b)], c, b);
     if (k > 0) c.pool_in = pool;
     ASSERT_EQ(run_varlen_fwd(c, cpu_exec(2)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
     check_varlen(c, varlen_reference(c), false);
