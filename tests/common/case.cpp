@@ -298,35 +298,30 @@ selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic
   return s;
 }
 
-RefProblem ref_problem(const Case& c) {
-  const CaseSpec& s = c.spec;
-  RefProblem p;
-  p.Bt = s.batch;
-  p.D = s.dim;
-  p.L = s.seqlen;
-  p.N = s.dstate;
-  p.G = (s.var_B || s.var_C) ? s.groups : 1;
-  p.cplx = s.complex;
-  p.var_B = s.var_B;
-  p.var_C = s.var_C;
-  p.softplus = s.softplus;
-  p.has_D = s.has_D;
-  p.has_z = s.has_z;
-  p.has_bias = s.has_delta_bias;
-  p.has_h0 = s.has_h0;
+std::vector<double> ref_rows(const RefProblem& p, const Tensor& t, int64_t row0, int64_t t0) {
+  std::vector<double> v(static_cast<size_t>(p.Bt * p.D * p.L));
+  for (int64_t b = 0; b < p.Bt; ++b)
+    for (int64_t d = 0; d < p.D; ++d)
+      for (int64_t l = 0; l < p.L; ++l) v[p.bdl(b, d, l)] = t.get({row0 + b, d, t0 + l});
+  return v;
+}
+
+void fill_ref_inputs(RefProblem& p, const RefInputs& in, int64_t row0, int64_t t0) {
+  p.G = (in.var_B || in.var_C) ? in.groups : 1;
+  p.cplx = in.complex;
+  p.var_B = in.var_B;
+  p.var_C = in.var_C;
+  p.softplus = in.softplus;
+  p.has_D = in.has_D;
+  p.has_z = in.has_z;
+  p.has_bias = in.has_delta_bias;
   const int64_t Bt = p.Bt, D = p.D, L = p.L, N = p.N, G = p.G;
-  auto bdl = [&](const Tensor& t, std::vector<double>& v) {
-    v.resize(static_cast<size_t>(Bt * D * L));
-    for (int64_t b = 0; b < Bt; ++b)
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t l = 0; l < L; ++l) v[p.bdl(b, d, l)] = t.get({b, d, l});
-  };
-  bdl(c.u, p.u);
-  bdl(c.delta, p.delta);
-  if (s.has_z) bdl(c.z, p.z);
+  p.u = ref_rows(p, in.u, row0, t0);
+  p.delta = ref_rows(p, in.delta, row0, t0);
+  if (in.has_z) p.z = ref_rows(p, in.z, row0, t0);
   p.A.resize(static_cast<size_t>(D * N));
   for (int64_t d = 0; d < D; ++d)
-    for (int64_t n = 0; n < N; ++n) p.A[p.dn(d, n)] = c.A.getc({d, n});
+    for (int64_t n = 0; n < N; ++n) p.A[p.dn(d, n)] = in.A.getc({d, n});
   auto bc = [&](const Tensor& t, bool var, std::vector<cd>& v) {
     if (!var) {
       v.resize(static_cast<size_t>(D * N));
@@ -339,37 +334,46 @@ RefProblem ref_problem(const Case& c) {
       for (int64_t g = 0; g < G; ++g)
         for (int64_t n = 0; n < N; ++n)
           for (int64_t l = 0; l < L; ++l) {
-            auto at = [&](int64_t k) { return s.bc_3d ? t.get({b, n, k}) : t.get({b, g, n, k}); };
-            v[p.bgnl(b, g, n, l)] = s.complex ? cd(at(2 * l), at(2 * l + 1)) : cd(at(l), 0.0);
+            const int64_t r = row0 + b, k = t0 + l;  // complex: Re/Im interleaved along time
+            auto at = [&](int64_t i) { return in.bc_3d ? t.get({r, n, i}) : t.get({r, g, n, i}); };
+            v[p.bgnl(b, g, n, l)] = in.complex ? cd(at(2 * k), at(2 * k + 1)) : cd(at(k), 0.0);
           }
   };
-  bc(c.B, s.var_B, p.B);
-  bc(c.C, s.var_C, p.C);
-  if (s.has_D) {
-    p.Dv.resize(static_cast<size_t>(D));
-    for (int64_t d = 0; d < D; ++d) p.Dv[d] = c.D.get({d});
-  }
-  if (s.has_delta_bias) {
-    p.bias.resize(static_cast<size_t>(D));
-    for (int64_t d = 0; d < D; ++d) p.bias[d] = c.delta_bias.get({d});
-  }
+  bc(in.B, in.var_B, p.B);
+  bc(in.C, in.var_C, p.C);
+  p.Dv.clear();
+  p.bias.clear();
+  if (in.has_D)
+    for (int64_t d = 0; d < D; ++d) p.Dv.push_back(in.D.get({d}));
+  if (in.has_delta_bias)
+    for (int64_t d = 0; d < D; ++d) p.bias.push_back(in.delta_bias.get({d}));
+}
+
+RefProblem ref_problem(const Case& c) {
+  const CaseSpec& s = c.spec;
+  RefProblem p;
+  p.Bt = s.batch;
+  p.D = s.dim;
+  p.L = s.seqlen;
+  p.N = s.dstate;
+  fill_ref_inputs(p,
+                  RefInputs{c.u, c.delta, c.z, c.A, c.B, c.C, c.D, c.delta_bias, s.var_B, s.var_C, s.complex,
+                            s.bc_3d, s.softplus, s.has_D, s.has_z, s.has_delta_bias, s.groups},
+                  0, 0);
+  p.has_h0 = s.has_h0;
   if (s.has_h0) {
-    p.h0.resize(static_cast<size_t>(Bt * D * N));
-    for (int64_t b = 0; b < Bt; ++b)
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t n = 0; n < N; ++n) p.h0[p.bdn(b, d, n)] = c.h0.getc({b, d, n});
+    p.h0.resize(static_cast<size_t>(p.Bt * p.D * p.N));
+    for (int64_t b = 0; b < p.Bt; ++b)
+      for (int64_t d = 0; d < p.D; ++d)
+        for (int64_t n = 0; n < p.N; ++n) p.h0[p.bdn(b, d, n)] = c.h0.getc({b, d, n});
   }
   return p;
 }
 
 std::vector<double> ref_dout(const Case& c) {
-  std::vector<double> v;
-  const int64_t Bt = c.spec.batch, D = c.spec.dim, L = c.spec.seqlen;
-  v.reserve(static_cast<size_t>(Bt * D * L));
-  for (int64_t b = 0; b < Bt; ++b)
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t l = 0; l < L; ++l) v.push_back(c.dout.get({b, d, l}));
-  return v;
+  RefProblem p;
+  p.Bt = c.spec.batch, p.D = c.spec.dim, p.L = c.spec.seqlen;
+  return ref_rows(p, c.dout, 0, 0);
 }
 
 namespace {

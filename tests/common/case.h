@@ -69,6 +69,18 @@ selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic
 selscan_exec_t cpu_exec(int threads = 0);
 selscan_exec_t cuda_exec(void* stream = nullptr, int32_t device = 0);
 
+// The stored inputs the oracle reads, as the time-major tensors of a dense or a packed (varlen) call hold them.
+struct RefInputs {
+  const Tensor &u, &delta, &z, &A, &B, &C, &D, &delta_bias;
+  bool var_B, var_C, complex, bc_3d, softplus, has_D, has_z, has_delta_bias;
+  int64_t groups;
+};
+// A RefProblem of p_rows rows and p_len steps (given in p.Bt, p.L, with p.D, p.N) reading rows [row0, row0 + p.Bt)
+// and times [t0, t0 + p.L) of the time-major inputs: every input but h0 (which the caller sets).
+void fill_ref_inputs(RefProblem& p, const RefInputs& in, int64_t row0, int64_t t0);
+// Rows [row0, ...) and times [t0, t0 + p.L) of a (rows, D, L) tensor, as RefProblem::bdl lays them out.
+std::vector<double> ref_rows(const RefProblem& p, const Tensor& t, int64_t row0, int64_t t0);
+
 // The oracle's view of the stored (rounded) inputs, and the oracle's dout.
 RefProblem ref_problem(const Case& c);
 std::vector<double> ref_dout(const Case& c);

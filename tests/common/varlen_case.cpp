@@ -283,49 +283,19 @@ namespace {
 RefProblem seq_ref(const VarlenCase& c, int64_t b, std::vector<double>* dout, int64_t len = -1) {
   const VarlenSpec& s = c.spec;
   RefProblem p;
-  const int64_t L = len >= 0 ? len : s.lens[static_cast<size_t>(b)], D = s.dim, N = s.dstate, row = s.packed ? 0 : b;
-  const int64_t t0 = c.start(b);
-  p.Bt = 1, p.D = D, p.L = L, p.N = N, p.G = (s.var_B || s.var_C) ? s.groups : 1;
-  p.cplx = s.complex, p.var_B = s.var_B, p.var_C = s.var_C, p.softplus = s.softplus;
-  p.has_D = s.has_D, p.has_z = s.has_z, p.has_bias = s.has_delta_bias;
+  const int64_t row = s.packed ? 0 : b, t0 = c.start(b);
+  p.Bt = 1, p.D = s.dim, p.L = len >= 0 ? len : s.lens[static_cast<size_t>(b)], p.N = s.dstate;
+  fill_ref_inputs(p,
+                  RefInputs{c.u, c.delta, c.z, c.A, c.B, c.C, c.D, c.delta_bias, s.var_B, s.var_C, s.complex, false,
+                            s.softplus, s.has_D, s.has_z, s.has_delta_bias, s.groups},
+                  row, t0);
+  if (dout) *dout = ref_rows(p, c.dout, row, t0);
   p.has_h0 = s.starts_from_state(b);
-  auto bdl = [&](const Tensor& t, std::vector<double>& v) {
-    v.assign(static_cast<size_t>(D * L), 0.0);
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t l = 0; l < L; ++l) v[p.bdl(0, d, l)] = t.get({row, d, t0 + l});
-  };
-  bdl(c.u, p.u);
-  bdl(c.delta, p.delta);
-  if (s.has_z) bdl(c.z, p.z);
-  if (dout) bdl(c.dout, *dout);
-  p.A.resize(static_cast<size_t>(D * N));
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t n = 0; n < N; ++n) p.A[p.dn(d, n)] = c.A.getc({d, n});
-  auto bc = [&](const Tensor& t, bool var, std::vector<cd>& v) {
-    if (!var) {
-      v.resize(static_cast<size_t>(D * N));
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t n = 0; n < N; ++n) v[p.dn(d, n)] = t.getc({d, n});
-      return;
-    }
-    v.assign(static_cast<size_t>(p.G * N * L), 0.0);
-    for (int64_t g = 0; g < p.G; ++g)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t l = 0; l < L; ++l)
-          v[p.bgnl(0, g, n, l)] = s.complex ? cd(t.get({row, g, n, 2 * (t0 + l)}), t.get({row, g, n, 2 * (t0 + l) + 1}))
-                                            : cd(t.get({row, g, n, t0 + l}), 0.0);
-  };
-  bc(c.B, s.var_B, p.B);
-  bc(c.C, s.var_C, p.C);
-  if (s.has_D)
-    for (int64_t d = 0; d < D; ++d) p.Dv.push_back(c.D.get({d}));
-  if (s.has_delta_bias)
-    for (int64_t d = 0; d < D; ++d) p.bias.push_back(c.delta_bias.get({d}));
   if (p.has_h0) {
     const Tensor& src = s.init == InitFrom::h0 ? c.h0 : c.pool_in;
     const int64_t r = s.init == InitFrom::h0 ? b : s.initial_slot(b);
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t n = 0; n < N; ++n) p.h0.push_back(src.getc({r, d, n}));
+    for (int64_t d = 0; d < p.D; ++d)
+      for (int64_t n = 0; n < p.N; ++n) p.h0.push_back(src.getc({r, d, n}));
   }
   return p;
 }
