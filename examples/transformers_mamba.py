@@ -250,7 +250,8 @@ def generate(args, device):
     same = ref.shape == ours.shape and bool((ref == ours).all())
     print(f"MambaForCausalLM {args.layers} layers, hidden {args.hidden}, {args.dtype} on {device}: batch {args.batch}, "
           f"prompt {args.seqlen}, {args.new_tokens} new tokens (greedy); selscan calls {SELSCAN_CALLS[0]}")
-    print(f"decode tokens/s: transformers {ref_tps:,.0f}; selscan {our_tps:,.0f}")
+    print(f"generate() new tokens/s (the prompt's prefill included): transformers {ref_tps:,.0f}; "
+          f"selscan {our_tps:,.0f}")
     if not same and ref.shape == ours.shape:
         new = slice(args.seqlen, None)
         agree = float((ref[:, new] == ours[:, new]).float().mean())
