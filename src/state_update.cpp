@@ -91,8 +91,8 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
                 fmt::format("state: dstate (the last dim) must be in [1, {}], got {}", SELSCAN_MAX_DSTATE, N));
   if (H > kMaxChannels / P)
     return fail(SELSCAN_STATUS_UNSUPPORTED,
-                fmt::format("state: {} channels per slot (heads * headdim), at most {} are supported", H * P,
-                            kMaxChannels));
+                fmt::format("state: at most {} channels per slot (heads * headdim) are supported, got shape {}",
+                            kMaxChannels, given_shape(st)));
   const int nch = heads ? 2 : 1;  // channel dims
   const char* form = heads ? "(batch, heads, headdim) or (batch, tokens, heads, headdim), like state's heads"
                            : "(batch, dim) or (batch, tokens, dim), like state's dim";

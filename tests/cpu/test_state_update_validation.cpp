@@ -107,6 +107,22 @@ TEST(CpuStateUpdateValidation, DstateLimit) {
   expect_rejected(f, [](auto&) {}, SELSCAN_STATUS_UNSUPPORTED, {"dstate", "got 257"});
 }
 
+// The channel limit's message prints the shape rather than heads * headdim, which can overflow int64.
+TEST(CpuStateUpdateValidation, ChannelLimit) {
+  for (const int64_t heads : {int64_t{1} << 26, INT64_MAX}) {
+    Fixture f;
+    expect_rejected(f,
+                    [heads](selscan_state_update_args_t& a) {
+                      a.state.ndim = 4;
+                      a.state.sizes[1] = heads;
+                      a.state.sizes[2] = 2;
+                      a.state.sizes[3] = 4;
+                    },
+                    SELSCAN_STATUS_UNSUPPORTED,
+                    {"state", "at most 67108864 channels", "got shape (5, " + std::to_string(heads) + ", 2, 4)"});
+  }
+}
+
 TEST(CpuStateUpdateValidation, ShapesOfTheInputs) {
   Fixture f;
   expect_rejected(f, [](auto& a) { a.x.sizes[1] = 9; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"x:", "(8,)", "got (3, 9)"});
