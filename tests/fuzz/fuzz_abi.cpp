@@ -219,9 +219,9 @@ class Decoder {
       // An input broadcast along one dim (stride 0), as a torch expand() gives.
       t.strides[f_.ConsumeIntegralInRange<int>(0, unit_last ? n - 2 : n - 1)] = 0;
     } else if (mode == 6) {
-      // Arbitrary small strides (an output whose elements overlap must be rejected).
+      // Arbitrary small strides (an output whose elements overlap must be rejected; next is 0 for a zero size).
       for (int i = 0; i < n; ++i)
-        if (!(unit_last && i == n - 1)) t.strides[i] = f_.ConsumeIntegralInRange<int64_t>(allow_broadcast ? 0 : 1, 3 * next);
+        if (!(unit_last && i == n - 1)) t.strides[i] = f_.ConsumeIntegralInRange<int64_t>(allow_broadcast ? 0 : 1, std::max<int64_t>(1, 3 * next));
     } else if (mode == 7) {
       // Any stride on a dim of size 1 (its stride is never used).
       for (int i = 0; i < n; ++i)
