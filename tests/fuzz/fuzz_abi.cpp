@@ -1,17 +1,20 @@
-// libFuzzer target over the public C ABI (selscan_fwd / selscan_bwd and their workspace queries).
+// libFuzzer target over the public C ABI: selscan_fwd / selscan_bwd (dense, or with the serving fields: packed
+// sequences, a state pool, cache indices with padding, has_initial_state) and their workspace queries, and the
+// decode step selscan_state_update.
 //
-// The input is decoded into a problem (small random dims, dtypes, flags), argument structs with every tensor
-// descriptor laid out in one of several legal layouts and then, at a fuzzed rate, mutated (dtype, ndim, a size, a
-// stride, presence, alignment, struct_size, exec fields). Every tensor the decoder points at is its own heap
-// block of exactly the bytes its descriptor addresses, and the argument/exec structs are heap blocks of exactly
-// struct_size bytes, so any read or write outside them is an AddressSanitizer report. Beyond "no crash, no
-// sanitizer report" each call must satisfy:
-//   - a failing call leaves a message in selscan_last_error() and writes no output;
+// The input is decoded into a problem (small random dims, dtypes, flags, index contents valid or violating their
+// contract), argument structs with every tensor descriptor laid out in one of several legal layouts and then, at
+// a fuzzed rate, mutated (dtype, ndim, a size, a stride, presence, alignment, struct_size, exec fields). Every
+// tensor the decoder points at is its own heap block of exactly the bytes its descriptor addresses, and the
+// argument/exec structs are heap blocks of exactly struct_size bytes, so any read or write outside them is an
+// AddressSanitizer report. Beyond "no crash, no sanitizer report" each call must satisfy:
+//   - a failing call leaves a message in selscan_last_error() and writes no output and no in-place tensor;
 //   - a call is rejected when an output's elements overlap each other, or an output was pointed at another
-//     tensor's memory (the library supports no in-place use);
+//     tensor's memory;
 //   - a query that fails makes the call itself fail the same way (validation comes before any memory access);
 //   - a successful call leaves every input byte and every byte between output elements untouched, writes every
-//     output element (when the inputs are finite), and gives the same results with another thread count.
+//     output element (when the inputs are finite), writes no pool slot that no sequence names, and gives the same
+//     results with another thread count.
 // Shapes are capped so that one input runs in milliseconds.
 #include <fuzzer/FuzzedDataProvider.h>
 
