@@ -347,15 +347,19 @@ void snapshot_inputs(std::vector<Slot*>& slots) {
     if (!s->output && s->mem) s->snapshot.assign(s->mem, s->mem + s->bytes);
 }
 
-// How many sequences of a successful call name each slot of the pool `s`: every slot once without an index tensor
-// (the pool then has one slot per sequence), else the entries that are neither the pad value nor outside [0, S).
+// How many entries of a successful call's index tensor name each slot of the pool `s`: every slot once without
+// an index tensor (the pool then has one slot per sequence), else the entries of the (sequences,) cache indices or
+// the (sequences, blocks) block table that are neither the pad value nor outside [0, S). A block table names the
+// slots a call may read or write; which of them it writes depends on the context lengths.
 std::vector<int> slot_uses(const Slot& s) {
   const int64_t S = s.t->sizes[0];
   std::vector<int> uses(static_cast<size_t>(S), s.index && s.index->t->data ? 0 : 1);
   if (!s.index || !s.index->t->data) return uses;
   const selscan_tensor_t& ix = *s.index->t;
-  for (int64_t b = 0; b < ix.sizes[0]; ++b) {
-    const unsigned char* e = static_cast<const unsigned char*>(ix.data) + b * ix.strides[0] * dtype_bytes(ix.dtype);
+  const int64_t cols = ix.ndim == 2 ? ix.sizes[1] : 1, col_stride = ix.ndim == 2 ? ix.strides[1] : 0;
+  for (int64_t k = 0; k < ix.sizes[0] * cols; ++k) {
+    const int64_t off = (k / cols) * ix.strides[0] + (k % cols) * col_stride;
+    const unsigned char* e = static_cast<const unsigned char*>(ix.data) + off * dtype_bytes(ix.dtype);
     int64_t v;
     if (ix.dtype == SELSCAN_DTYPE_INT64) {
       std::memcpy(&v, e, 8);
@@ -482,6 +486,11 @@ struct Serving {
   int32_t cu_dtype = SELSCAN_DTYPE_INT32, idx_dtype = SELSCAN_DTYPE_INT32, init_dtype = SELSCAN_DTYPE_BOOL;
   std::vector<int64_t> cu, idx, init;
   int64_t pad = 0;
+  // Block-wise state caching: K tokens per block, a (sequences, M) block table, context lengths.
+  bool blocks = false, has_ctx = false;
+  int64_t K = 0, M = 1;
+  int32_t table_dtype = SELSCAN_DTYPE_INT32, ctx_dtype = SELSCAN_DTYPE_INT32;
+  std::vector<int64_t> table, ctx;
 };
 
 struct Problem {
@@ -526,6 +535,40 @@ void decode_varlen(Decoder& dec, Problem& p, int64_t per_l) {
   }
 }
 
+// Block-wise state caching (since 0.4): block size K, context lengths (0–23, or a violation: negative, huge), and
+// a block table of distinct slots covering every sequence's blocks (some entries padding; violations: too few
+// columns, a duplicate, an entry outside the pool, the pad value), the pool sized to hold them.
+void decode_blocks(Decoder& dec, Problem& p) {
+  FuzzedDataProvider& f = dec.fdp();
+  Serving& sv = p.sv;
+  Dims& d = p.d;
+  sv.K = dec.pick({1, 3, 4, 16, 2048});
+  sv.has_ctx = f.ConsumeBool();
+  sv.ctx.clear();
+  int64_t M = 1;
+  for (int64_t b = 0; b < d.seqs; ++b) {
+    const int64_t c = sv.has_ctx && !one_in(f, 3) ? f.ConsumeIntegralInRange<int64_t>(0, 23) : 0;
+    // (cu_seqlens may already hold a violation: its difference is taken without overflow and clamped.)
+    const int64_t len = sv.varlen ? std::clamp<int64_t>(wrap(sv.cu[static_cast<size_t>(b)], -1, sv.cu[static_cast<size_t>(b + 1)]), 0, d.L) : d.L;
+    sv.ctx.push_back(c);
+    if (len > 0) M = std::max(M, (c + len - 1) / sv.K + 1);
+  }
+  if (M * d.seqs > 48) {  // keep the pool small: fewer, larger blocks
+    sv.K = 2048;
+    M = 1;
+    for (int64_t b = 0; b < d.seqs; ++b) M = std::max(M, (sv.ctx[static_cast<size_t>(b)] + std::min<int64_t>(d.L, 6145)) / sv.K + 1);
+  }
+  if (dec.violate() && M > 1) M -= 1;
+  sv.M = M;
+  d.S = std::min<int64_t>(48, d.seqs * M + f.ConsumeIntegralInRange<int64_t>(0, 2));
+  sv.pad = dec.pick({-1, -1, 0, d.S, INT64_MIN});
+  sv.table_dtype = f.ConsumeBool() ? SELSCAN_DTYPE_INT64 : SELSCAN_DTYPE_INT32;
+  sv.ctx_dtype = f.ConsumeBool() ? SELSCAN_DTYPE_INT64 : SELSCAN_DTYPE_INT32;
+  sv.table = decode_slots(dec, d.seqs * M, d.S, sv.pad);
+  if (sv.has_ctx && dec.violate())
+    sv.ctx[f.ConsumeIntegralInRange<size_t>(0, sv.ctx.size() - 1)] = dec.pick({-1, INT32_MAX, INT64_MAX, INT64_MIN});
+}
+
 // The serving fields beyond cu_seqlens: a state pool with or without cache indices, padding entries,
 // has_initial_state.
 void decode_pool(Decoder& dec, Problem& p) {
@@ -533,8 +576,10 @@ void decode_pool(Decoder& dec, Problem& p) {
   Serving& sv = p.sv;
   Dims& d = p.d;
   sv.pool = f.ConsumeBool();
-  sv.has_idx = sv.pool ? !one_in(f, 4) : f.ConsumeBool();
+  sv.blocks = sv.pool && one_in(f, 3);
+  sv.has_idx = sv.blocks ? dec.mutate() : sv.pool ? !one_in(f, 4) : f.ConsumeBool();
   d.S = sv.has_idx ? f.ConsumeIntegralInRange<int64_t>(1, 6) : d.seqs;
+  if (sv.blocks) decode_blocks(dec, p);
   if (sv.pool) {
     p.has_h0 = dec.mutate();
     p.with_last = dec.mutate();
@@ -543,8 +588,10 @@ void decode_pool(Decoder& dec, Problem& p) {
     sv.pad = dec.pick({-1, -1, 0, d.S, 3, INT64_MIN, int64_t{1} << 32});
     sv.idx_dtype = f.ConsumeBool() ? SELSCAN_DTYPE_INT64 : SELSCAN_DTYPE_INT32;
     sv.idx = decode_slots(dec, d.seqs, sv.pool ? d.S : 8, sv.pad);
+  } else if (sv.blocks) {
+    // decode_blocks chose it
   } else if (dec.mutate()) {
-    sv.pad = -1;  // only allowed with cache_indices
+    sv.pad = -1;  // only allowed with cache_indices or block_table
   }
   sv.has_init = (p.has_h0 || sv.pool) ? f.ConsumeBool() : dec.mutate();
   sv.init_dtype = f.ConsumeBool() ? SELSCAN_DTYPE_INT32 : SELSCAN_DTYPE_BOOL;
@@ -804,12 +851,14 @@ void run_scan(Decoder& dec, uint64_t& rng, bool tame, bool serving) {
 
   selscan_fwd_args_t fa{};
   fa.struct_size = fuzz_struct_size(dec, sizeof(fa));
-  Slot u, delta, A, B, C, Dv, z, bias, h0, out, out_z, x, last, cu, pool, idx, init;
+  Slot u, delta, A, B, C, Dv, z, bias, h0, out, out_z, x, last, cu, pool, idx, init, table, ctx;
   cu.values = sv.cu;
   idx.values = sv.idx;
   init.values = sv.init;
+  table.values = sv.table;
+  ctx.values = sv.ctx;
   pool.inout = true;
-  pool.index = &idx;
+  pool.index = sv.blocks ? &table : &idx;
   pool.pad = sv.pad;
   x.partial = serving;  // chunk slots of empty or padding sequences are not written
   const std::vector<Spec> fwd_specs = {
@@ -830,12 +879,16 @@ void run_scan(Decoder& dec, uint64_t& rng, bool tame, bool serving) {
       {&idx, "cache_indices", &fa.cache_indices, index_canon(d.seqs, sv.idx_dtype), false, sv.has_idx},
       {&init, "has_initial_state", &fa.has_initial_state, index_canon(d.seqs, sv.init_dtype), false, sv.has_init},
       {&pool, "ssm_states", &fa.ssm_states, canon(Kind::pool, d), false, sv.pool},
+      {&table, "block_table", &fa.block_table, Canon{{d.seqs, sv.M}, sv.table_dtype, false, true}, false, sv.blocks},
+      {&ctx, "context_lens", &fa.context_lens, index_canon(d.seqs, sv.ctx_dtype), false, sv.blocks && sv.has_ctx},
   };
   std::vector<Slot*> fwd_slots;
   build(dec, fwd_specs, fwd_slots, rng, tame);
   fa.delta_softplus = p.softplus;
   fa.flags = p.flags;
   fa.pad_slot_id = sv.pad;
+  fa.state_block_size = sv.blocks ? sv.K : 0;
+  if (dec.mutate()) fa.state_block_size = dec.pick({0, 1, -1, INT64_MIN, INT64_MAX});
   const selscan_exec_t exec = decode_exec(dec);
 
   exercise(serving ? kServingFwd : kFwd, dec, fa, exec, fwd_slots, tame, rng, selscan_fwd_workspace_size,
@@ -860,7 +913,7 @@ void run_scan(Decoder& dec, uint64_t& rng, bool tame, bool serving) {
   ba.delta_bias = fa.delta_bias, ba.h0 = fa.h0, ba.x = fa.x;
   ba.out = p.has_z || one_in(f, 8) ? fa.out : selscan_tensor_t{};
   ba.cu_seqlens = fa.cu_seqlens, ba.cache_indices = fa.cache_indices, ba.has_initial_state = fa.has_initial_state;
-  ba.pad_slot_id = sv.pad;
+  ba.pad_slot_id = sv.blocks && !sv.has_idx ? 0 : sv.pad;  // the block table's padding is not a backward field
   ba.delta_softplus = p.softplus;
   ba.deterministic = p.deterministic;
   ba.flags = p.bwd_flags;
