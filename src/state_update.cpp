@@ -272,8 +272,10 @@ bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, cons
   const int64_t e = float_bytes(t);
   if (last_stride != 1 || dstate % kLane != 0 || (kLane * e) % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  // Unsigned: a size-1 dim may carry any stride, and the product's residue mod 16 survives the wrap (2^64 is a
+  // multiple of 16).
   for (int i = 0; i < n; ++i)
-    if ((strides[i] * e) % 16 != 0) return false;
+    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(e)) % 16 != 0) return false;
   return true;
 }
 
