@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
     // The sequence: batch row b over [0, seqlen) in a dense call; a serving call's packed offsets and flags. The
     // per-(b, d) partials and dh0 stay per sequence; the time-major tensors are read at (sq.row, sq.t0).
     Seq sq{};
-    if constexpr (kServing) sq = seq_of<kC>(p, b);
+    if constexpr (kServing) sq = seq_of<kC, false>(p, b);
     const int64_t L = kServing ? sq.len : Ldense, br = kServing ? sq.row : b, ts = kServing ? sq.t0 : 0;
     const int64_t xc0 = kServing ? sq.xc0 : 0;
     const T* Bbase = varB ? static_cast<const T*>(p.B.p) + br * p.B.s[0] + g * p.B.s[1] + ts * kCw : nullptr;

@@ -104,7 +104,8 @@ __device__ __forceinline__ void store_block_state(const Problem& p, const Seq& s
   st_w<kC>(v.p, d * v.s[1] + n * v.s[2], h);
 }
 
-template <bool kC>
+// kBlocks: the kernel variant that runs block mode (the forward's); the others carry none of its code.
+template <bool kC, bool kBlocks>
 __device__ __forceinline__ Seq seq_of(const Problem& p, int64_t b) {
   Seq s{b, 0, p.seqlen, 0, state_row<kC>(p.h0, b), state_row<kC>(p.last_state, b), kSeqRun, 0, 0};
   if (!p.serving) return s;
@@ -122,7 +123,7 @@ __device__ __forceinline__ Seq seq_of(const Problem& p, int64_t b) {
   if (p.has_init.p != nullptr)
     from_state = p.init_i32 ? __ldg(static_cast<const int*>(p.has_init.p) + b * p.has_init.s[0]) != 0
                             : __ldg(static_cast<const unsigned char*>(p.has_init.p) + b * p.has_init.s[0]) != 0;
-  if (p.block_size > 0) {
+  if constexpr (kBlocks) {
     seq_blocks<kC>(p, b, from_state, s);
     return s;
   }

@@ -24,12 +24,13 @@ Status launch_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threa
   return launch_status("forward: launching the kernel");
 }
 
-// The warp-scan forward with K steps per lane (its serving variant for calls with serving fields).
-template <typename T, bool kComplex, int K, bool kServing>
+// The warp-scan forward with K steps per lane (its serving variant for calls with serving fields, and that
+// variant's block-mode instance for calls with state_block_size > 0).
+template <typename T, bool kComplex, int K, bool kServing, bool kBlocks = false>
 Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
   static SmemLimit limit;
-  return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks, kServing>, limit, w.blocks,
-                       w.warps * 32, w.smem, l, p, w.tiles_per_group);
+  return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks, kServing, kBlocks>, limit,
+                       w.blocks, w.warps * 32, w.smem, l, p, w.tiles_per_group);
 }
 
 // The thread-states forward with its launch-bounds variant.
@@ -50,7 +51,9 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
                  : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
-    if (p.serving) return launch_warp<T, false, cuda::fwd_warp::kItemsReal, true>(p, plan.warp, l);
+    if (p.serving)
+      return p.block_size > 0 ? launch_warp<T, false, cuda::fwd_warp::kItemsReal, true, true>(p, plan.warp, l)
+                              : launch_warp<T, false, cuda::fwd_warp::kItemsReal, true>(p, plan.warp, l);
     return launch_warp<T, false, cuda::fwd_warp::kItemsReal, false>(p, plan.warp, l);
   }
 }

@@ -100,9 +100,13 @@ static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/c
 // kServing: the variant for serving calls (src/cuda/select.cpp routes every call with serving fields here), which
 // reads each sequence's offsets, slot and flags on the device (kernels/common/serving.cuh). A template parameter
 // rather than a run-time branch: the dense variant keeps its registers (the branch measured extra spills).
-template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing>
+// kBlocks: the serving variant that also writes block-boundary states (block-wise state caching); its own
+// instance for the same reason: its per-step stores raise the kernel's register spills (ptxas -v), which serving
+// calls without blocks need not pay (validation/optimisation-log.md).
+template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing, bool kBlocks>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
                                                                                   int64_t tiles_per_group) {
+  static_assert(kServing || !kBlocks, "block mode is a serving call");
   using W = typename Weights<kComplex>::W;
   constexpr int NS = kStateTile<kComplex>;
   constexpr int kVpl = K * Weights<kComplex>::kCw / 4;
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   // The sequence: a serving call's packed offsets, slot and flags; in a dense call batch row b over [0, seqlen)
   // (the expressions below then fold to the dense kernel's).
   Seq sq{};
-  if constexpr (kServing) sq = seq_of<kComplex>(p, b);
+  if constexpr (kServing) sq = seq_of<kComplex, kBlocks>(p, b);
   const int64_t L = kServing ? sq.len : p.seqlen;
 
   float4* sB = smem;
@@ -211,9 +215,9 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
       }
     }
     // Block mode: bit k set where the lane's step k ends a block strictly inside the sequence; the state after it
-    // goes to that block's slot (a run-time branch of the serving variant only: the dense kernel is unchanged).
+    // goes to that block's slot.
     unsigned bmask = 0;
-    if constexpr (kServing) {
+    if constexpr (kBlocks) {
       if (sq.block > 0)
 #pragma unroll
         for (int k = 0; k < K; ++k)
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
 #pragma unroll
           for (int k = 0; k < K; ++k) {
             h = wfma(a[k], h, bb[k]);
-            if constexpr (kServing)
+            if constexpr (kBlocks)
               if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
             y[k] = fwd_out_acc(h, cv[k], y[k]);
           }
@@ -289,7 +293,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
 #pragma unroll
           for (int k = 0; k < K; ++k) {
             h = wfma(a[k], h, bb[k]);
-            if constexpr (kServing)
+            if constexpr (kBlocks)
               if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
             y[k] = fwd_out_acc(h, cc, y[k]);
           }
