@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
-# Usage: tools/gpu-check.sh [steps...]   steps: build test sanitize bench python pyhost hf ddp all (default: all)
+# Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
+#      UPSTREAM_SRC: a checkout of state-spaces/mamba (inside the tree when the tree is copied to the GPU machine,
+#      e.g. an ignored .upstream/): step `upstream` builds its selective_scan_cuda into $BUILD/upstream
+#      (bench/build_upstream.py), and pyhost / hf time it beside selscan.
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 # Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
@@ -38,6 +41,22 @@ if want build; then
   else
     note "build FAILED"; tail -40 "$OUT/build.log" "$OUT/configure.log"; printf '%s\n' "${summary[@]}"; exit 1
   fi
+fi
+
+if want upstream; then
+  if [ -n "${UPSTREAM_SRC:-}" ]; then
+    t0=$(date +%s)
+    python3 bench/build_upstream.py "$UPSTREAM_SRC" --out "$BUILD/upstream" --arch "$ARCH" --jobs "$JOBS" \
+      >"$OUT/upstream-build.log" 2>&1
+    note "upstream selective_scan_cuda build rc=$? ($(( $(date +%s) - t0 )) s, upstream-build.log)"
+  else
+    note "upstream: UPSTREAM_SRC not set (the side-by-side rows need selective_scan_cuda on PYTHONPATH)"
+  fi
+fi
+# An upstream build from this or an earlier run is what pyhost and hf compare against.
+if [ -d "$BUILD/upstream" ]; then
+  PYTHONPATH="$(cd "$BUILD/upstream" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH
 fi
 
 if want test; then
