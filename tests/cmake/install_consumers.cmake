@@ -1,6 +1,7 @@
 # Installed-tree checks, one STEP per ctest (install is the fixture the consumers need):
 #   STEP=install      cmake --install into WORK_DIR/prefix and check the layout
 #   STEP=find_package configure, build and run examples/find_package against that prefix
+#   STEP=serving      the same for examples/serving (the serving API's example; it prints PASS or FAIL)
 #   STEP=pkgconfig    compile examples/pkgconfig/main.c with `pkg-config --cflags --libs selscan` and run it
 # Variables: BUILD_DIR SOURCE_DIR WORK_DIR CONFIG GENERATOR C_COMPILER LIBDIR [PKG_CONFIG]
 cmake_minimum_required(VERSION 3.25)
@@ -39,10 +40,13 @@ if(STEP STREQUAL "install")
   if(leaked)
     message(FATAL_ERROR "internal headers installed: ${leaked}")
   endif()
-elseif(STEP STREQUAL "find_package")
-  set(bin "${WORK_DIR}/find_package")
+elseif(STEP STREQUAL "find_package" OR STEP STREQUAL "serving")
+  # examples/<STEP> is a CMake project with find_package(selscan) and one executable.
+  set(exe_find_package selscan_consumer)
+  set(exe_serving selscan_serving_example)
+  set(bin "${WORK_DIR}/${STEP}")
   file(REMOVE_RECURSE "${bin}")
-  run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/examples/find_package" -B "${bin}" -G "${GENERATOR}"
+  run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/examples/${STEP}" -B "${bin}" -G "${GENERATOR}"
       "-DCMAKE_PREFIX_PATH=${prefix}" "-DCMAKE_C_COMPILER=${C_COMPILER}" -DCMAKE_BUILD_TYPE=Release
       "-Dselscan_DIR=${prefix}/${LIBDIR}/cmake/selscan")
   run("${CMAKE_COMMAND}" --build "${bin}")
@@ -51,7 +55,7 @@ elseif(STEP STREQUAL "find_package")
   if(NOT found MATCHES "${prefix}")
     message(FATAL_ERROR "find_package(selscan) did not use the installed prefix: ${found}")
   endif()
-  run("${bin}/selscan_consumer")
+  run("${bin}/${exe_${STEP}}")
 elseif(STEP STREQUAL "pkgconfig")
   if(NOT PKG_CONFIG)
     message(FATAL_ERROR "pkg-config not found")
