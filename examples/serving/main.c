@@ -17,10 +17,11 @@
  *   ./build/serving/selscan_serving_example
  *
  * It runs on the CPU so it runs everywhere. The same calls run on CUDA with device pointers in every tensor
- * (pool, block table and indices included), exec.device_kind = SELSCAN_DEVICE_CUDA and exec.stream set; the
- * host-side bookkeeping below (slot allocation, the block copy in next_decode_slot) then becomes
- * cudaMemcpyAsync on the same stream. Serving calls on CUDA are opt-in for now (SELSCAN_CUDA_SERVING=1,
- * docs/serving.md, "Kernels and limits").
+ * (pool, block table, cu_seqlens, context_lens and slot indices included), exec.device_kind =
+ * SELSCAN_DEVICE_CUDA and exec.stream set: the engine keeps its bookkeeping (slot allocation) on the host, copies
+ * the tables and indices to the device before each call, and the block copy in next_decode_slot becomes a
+ * device-to-device cudaMemcpyAsync on the same stream. Serving calls on CUDA are opt-in for now
+ * (SELSCAN_CUDA_SERVING=1, docs/serving.md, "Kernels and limits").
  */
 #include <selscan/selscan.h>
 
@@ -43,14 +44,19 @@ enum { DECODE_STEPS = 6, DECODE_BATCH = 4, PAD_SLOT = -1 };
 #define RTOL 1e-5
 #define ATOL 1e-6
 
+/* The scan's inputs for up to MAX_TOKENS tokens, [channel or state][position]: a request's whole history, or
+ * the packed prompts of one prefill call. */
+typedef struct tokens {
+  float u[DIM][MAX_TOKENS], delta[DIM][MAX_TOKENS], z[DIM][MAX_TOKENS];
+  float B[DSTATE][MAX_TOKENS], C[DSTATE][MAX_TOKENS];
+} tokens;
+
 typedef struct request {
   const char* name;
   int64_t cached; /* tokens whose state is already in the pool (a prefix-cache hit): context_lens */
   int64_t prompt; /* tokens the prefill processes */
   int64_t decode; /* tokens the decode steps add */
-  /* The scan's inputs for every token of the request, [channel or state][absolute position]. */
-  float u[DIM][MAX_TOKENS], delta[DIM][MAX_TOKENS], z[DIM][MAX_TOKENS];
-  float B[DSTATE][MAX_TOKENS], C[DSTATE][MAX_TOKENS];
+  tokens in;      /* the inputs of every token, at its absolute position */
   /* What serving produced for each position (the gated output out_z), checked at the end. */
   float served[DIM][MAX_TOKENS];
 } request;
@@ -100,30 +106,31 @@ static float uniform(float lo, float hi) {
   return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / 16777216.0));
 }
 
-static void fill_tokens(request* r, int64_t from, int64_t to) {
+static void fill_tokens(tokens* in, int64_t from, int64_t to) {
   for (int64_t t = from; t < to; ++t) {
     for (int d = 0; d < DIM; ++d) {
-      r->u[d][t] = uniform(-1, 1);
-      r->delta[d][t] = uniform(-1, 1);
-      r->z[d][t] = uniform(-1, 1);
+      in->u[d][t] = uniform(-1, 1);
+      in->delta[d][t] = uniform(-1, 1);
+      in->z[d][t] = uniform(-1, 1);
     }
     for (int n = 0; n < DSTATE; ++n) {
-      r->B[n][t] = uniform(-1, 1);
-      r->C[n][t] = uniform(-1, 1);
+      in->B[n][t] = uniform(-1, 1);
+      in->C[n][t] = uniform(-1, 1);
     }
   }
 }
 
-static void copy_tokens(request* dst, const request* src, int64_t count) {
+/* Tokens [from, from + count) of src to [at, at + count) of dst. */
+static void copy_tokens(tokens* dst, int64_t at, const tokens* src, int64_t from, int64_t count) {
   for (int64_t t = 0; t < count; ++t) {
     for (int d = 0; d < DIM; ++d) {
-      dst->u[d][t] = src->u[d][t];
-      dst->delta[d][t] = src->delta[d][t];
-      dst->z[d][t] = src->z[d][t];
+      dst->u[d][at + t] = src->u[d][from + t];
+      dst->delta[d][at + t] = src->delta[d][from + t];
+      dst->z[d][at + t] = src->z[d][from + t];
     }
     for (int n = 0; n < DSTATE; ++n) {
-      dst->B[n][t] = src->B[n][t];
-      dst->C[n][t] = src->C[n][t];
+      dst->B[n][at + t] = src->B[n][from + t];
+      dst->C[n][at + t] = src->C[n][from + t];
     }
   }
 }
@@ -140,6 +147,21 @@ static void print_row(const char* name, const int32_t* row) {
   printf("]\n");
 }
 
+/* The first len positions of `rows` rows of MAX_TOKENS floats, as a (1, rows, len) tensor: the scan's
+ * (Bt, D, L) layout with Bt = 1 (and (Bt, N, L) for B and C). */
+static selscan_tensor_t by_time(float (*data)[MAX_TOKENS], int64_t rows, int64_t len) {
+  return tensor(data, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, rows, len), SIZES(rows * MAX_TOKENS, MAX_TOKENS, 1));
+}
+
+/* The scan's inputs: the first len tokens of `in`; B and C vary per token (Mamba's selection), one group. */
+static void set_token_tensors(selscan_fwd_args_t* f, tokens* in, int64_t len) {
+  f->u = by_time(in->u, DIM, len);
+  f->delta = by_time(in->delta, DIM, len);
+  f->z = by_time(in->z, DIM, len);
+  f->B = by_time(in->B, DSTATE, len);
+  f->C = by_time(in->C, DSTATE, len);
+}
+
 /* The weights every call shares: A = -(n+1) (Mamba-1's S4D-real initialisation), D = 1, and a dt bias that puts
  * softplus(delta + dt_bias) around 0.05 .. 0.3. */
 static void set_weight_tensors(selscan_tensor_t* a, selscan_tensor_t* skip, selscan_tensor_t* bias) {
@@ -154,27 +176,16 @@ static void set_weight_tensors(selscan_tensor_t* a, selscan_tensor_t* skip, sels
  * (cu_seqlens), each resuming after its `cached` tokens (context_lens) from the slot of the block holding its
  * last cached token, and writing the state at every block boundary it passes into its block table's slots. */
 static int prefill(int first, int count, const selscan_exec_t* exec) {
-  static float u[DIM][MAX_TOKENS], delta[DIM][MAX_TOKENS], z[DIM][MAX_TOKENS];
-  static float B[DSTATE][MAX_TOKENS], C[DSTATE][MAX_TOKENS], out[DIM][MAX_TOKENS], out_z[DIM][MAX_TOKENS];
+  static tokens packed;
+  static float out[DIM][MAX_TOKENS], out_z[DIM][MAX_TOKENS];
   int32_t cu_seqlens[NUM_REQUESTS + 1], context_lens[NUM_REQUESTS];
 
   /* Pack: request i's prompt goes to [cu_seqlens[i], cu_seqlens[i+1]). */
   cu_seqlens[0] = 0;
   for (int i = 0; i < count; ++i) {
     request* r = &reqs[first + i];
-    const int64_t at = cu_seqlens[i];
-    for (int64_t t = 0; t < r->prompt; ++t) {
-      for (int d = 0; d < DIM; ++d) {
-        u[d][at + t] = r->u[d][r->cached + t];
-        delta[d][at + t] = r->delta[d][r->cached + t];
-        z[d][at + t] = r->z[d][r->cached + t];
-      }
-      for (int n = 0; n < DSTATE; ++n) {
-        B[n][at + t] = r->B[n][r->cached + t];
-        C[n][at + t] = r->C[n][r->cached + t];
-      }
-    }
-    cu_seqlens[i + 1] = (int32_t)(at + r->prompt);
+    copy_tokens(&packed, cu_seqlens[i], &r->in, r->cached, r->prompt);
+    cu_seqlens[i + 1] = (int32_t)(cu_seqlens[i] + r->prompt);
     context_lens[i] = (int32_t)r->cached;
     /* Slots for the blocks this call writes: every boundary inside the prompt and the block of its last token. */
     assign_blocks(block_table[first + i], r->cached + r->prompt - 1);
@@ -183,16 +194,11 @@ static int prefill(int first, int count, const selscan_exec_t* exec) {
 
   selscan_fwd_args_t f = SELSCAN_FWD_ARGS_INIT;
   /* Packed tensors are the dense (Bt, D, L) ones with Bt = 1 and L = all tokens of the call. */
-  f.u = tensor(u, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, total), SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1));
-  f.delta = tensor(delta, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, total), SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1));
-  f.z = tensor(z, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, total), SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1));
-  /* B and C vary per token (Mamba's selection), one group: (1, N, L). */
-  f.B = tensor(B, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DSTATE, total), SIZES(DSTATE * MAX_TOKENS, MAX_TOKENS, 1));
-  f.C = tensor(C, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DSTATE, total), SIZES(DSTATE * MAX_TOKENS, MAX_TOKENS, 1));
+  set_token_tensors(&f, &packed, total);
   set_weight_tensors(&f.A, &f.D, &f.delta_bias);
   f.delta_softplus = 1;
-  f.out = tensor(out, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, total), SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1));
-  f.out_z = tensor(out_z, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, total), SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1));
+  f.out = by_time(out, DIM, total);
+  f.out_z = by_time(out_z, DIM, total);
   /* Serving: count sequences, the pool read and written in place instead of h0 / last_state. */
   f.cu_seqlens = tensor(cu_seqlens, SELSCAN_DTYPE_INT32, 1, SIZES(count + 1), SIZES(1));
   f.ssm_states = tensor(pool, SELSCAN_DTYPE_FLOAT32, 3, SIZES(SLOTS, DIM, DSTATE), SIZES(DIM * DSTATE, DSTATE, 1));
@@ -247,13 +253,13 @@ static int decode_step(int step, const selscan_exec_t* exec) {
     const int64_t pos = r->cached + r->prompt + step;
     slots[e] = next_decode_slot(block_table[FIRST_LIVE + e], pos);
     for (int d = 0; d < DIM; ++d) {
-      x[e][d] = r->u[d][pos];
-      dt[e][d] = r->delta[d][pos];
-      z[e][d] = r->z[d][pos];
+      x[e][d] = r->in.u[d][pos];
+      dt[e][d] = r->in.delta[d][pos];
+      z[e][d] = r->in.z[d][pos];
     }
     for (int n = 0; n < DSTATE; ++n) {
-      B[e][n] = r->B[n][pos];
-      C[e][n] = r->C[n][pos];
+      B[e][n] = r->in.B[n][pos];
+      C[e][n] = r->in.C[n][pos];
     }
   }
   memset(out, 0x7f, sizeof out); /* garbage, to show the padding entry's output is written (as 0) */
@@ -298,18 +304,12 @@ static int decode_step(int step, const selscan_exec_t* exec) {
 static int reference_scan(request* r, int64_t len, float out_z[DIM][MAX_TOKENS], float last[DIM][DSTATE],
                           const selscan_exec_t* exec) {
   static float out[DIM][MAX_TOKENS];
-  const int64_t* bdl_strides = SIZES(DIM * MAX_TOKENS, MAX_TOKENS, 1);
-  const int64_t* bnl_strides = SIZES(DSTATE * MAX_TOKENS, MAX_TOKENS, 1);
   selscan_fwd_args_t f = SELSCAN_FWD_ARGS_INIT;
-  f.u = tensor(r->u, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, len), bdl_strides);
-  f.delta = tensor(r->delta, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, len), bdl_strides);
-  f.z = tensor(r->z, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, len), bdl_strides);
-  f.B = tensor(r->B, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DSTATE, len), bnl_strides);
-  f.C = tensor(r->C, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DSTATE, len), bnl_strides);
+  set_token_tensors(&f, &r->in, len);
   set_weight_tensors(&f.A, &f.D, &f.delta_bias);
   f.delta_softplus = 1;
-  f.out = tensor(out, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, len), bdl_strides);
-  f.out_z = tensor(out_z, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, len), bdl_strides);
+  f.out = by_time(out, DIM, len);
+  f.out_z = by_time(out_z, DIM, len);
   f.last_state = tensor(last, SELSCAN_DTYPE_FLOAT32, 3, SIZES(1, DIM, DSTATE), SIZES(DIM * DSTATE, DSTATE, 1));
   return ok(selscan_fwd(&f, exec), "selscan_fwd (reference)");
 }
@@ -358,7 +358,7 @@ static int serve_and_check(const selscan_exec_t* exec) {
   /* The earlier request: a 32-token system prompt, prefilled and finished; its two full blocks stay cached. */
   request* earlier = &reqs[EARLIER];
   *earlier = (request){.name = "earlier", .cached = 0, .prompt = 2 * BLOCK, .decode = 0};
-  fill_tokens(earlier, 0, total_tokens(earlier));
+  fill_tokens(&earlier->in, 0, total_tokens(earlier));
   /* The live requests: two new prompts (37 and 9 tokens) and one (12 tokens) after the same system prompt. */
   const int64_t prompts[NUM_LIVE] = {37, 9, 12};
   const char* names[NUM_LIVE] = {"req0", "req1", "req2"};
@@ -366,10 +366,10 @@ static int serve_and_check(const selscan_exec_t* exec) {
     reqs[FIRST_LIVE + i] = (request){.name = names[i], .cached = 0, .prompt = prompts[i], .decode = DECODE_STEPS};
   request* hit = &reqs[FIRST_LIVE + 2];
   hit->cached = earlier->prompt;
-  copy_tokens(hit, earlier, hit->cached);
+  copy_tokens(&hit->in, 0, &earlier->in, 0, hit->cached);
   for (int i = 0; i < NUM_LIVE; ++i) {
     request* r = &reqs[FIRST_LIVE + i];
-    fill_tokens(r, r->cached, total_tokens(r));
+    fill_tokens(&r->in, r->cached, total_tokens(r));
   }
 
   printf("model: D = %d channels, N = %d states; engine: %d-token blocks, a pool of %d slots\n", DIM, DSTATE, BLOCK,
