@@ -6,15 +6,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checker.h"
 #include "validate.h"
 
 #if SELSCAN_WITH_CUDA
 #  include "cuda/arch.h"
+#  include "cuda/select.h"
 #endif
 
 namespace selscan {
@@ -25,7 +29,11 @@ namespace {
 // after `out`; fields past an older caller's struct_size then read as absent.
 constexpr size_t kArgsSizeV1 = offsetof(selscan_state_update_args_t, out) + sizeof(selscan_tensor_t);
 static_assert(sizeof(void*) != 8 || kArgsSizeV1 == 904, "a field moved: versions may only append fields");
-static_assert(sizeof(selscan_state_update_args_t) == kArgsSizeV1,
+// 0.4 appends dst_state_batch_indices.
+constexpr size_t kArgsSizeV2 = offsetof(selscan_state_update_args_t, dst_state_batch_indices) + sizeof(selscan_tensor_t);
+static_assert(offsetof(selscan_state_update_args_t, dst_state_batch_indices) == kArgsSizeV1,
+              "a version's fields start where the previous version's struct ended");
+static_assert(sizeof(selscan_state_update_args_t) == kArgsSizeV2,
               "no tail padding: a later version's field must not land in bytes an older caller never set");
 
 // The CUDA kernel numbers a sequence's (channel, lane) pairs in 32 bits, with up to 32 lanes per channel.
@@ -185,7 +193,18 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
     c.dtype(idx, "state_batch_indices", SELSCAN_DTYPE_INT32, "slot indices", SELSCAN_DTYPE_INT64);
     c.shape(idx, "state_batch_indices", {Bt}, "(batch,): one slot per sequence");
     c.layout(idx, "state_batch_indices", false, false);
-  } else if (S != Bt) {
+  }
+  const selscan_tensor_t& dst = a->dst_state_batch_indices;
+  if (dst.data != nullptr) {
+    if (idx.data == nullptr)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  "dst_state_batch_indices: given without state_batch_indices; the destination slots need the "
+                  "source slots (pass state_batch_indices, e.g. equal to the destinations for the in-place update)");
+    c.dtype(dst, "dst_state_batch_indices", SELSCAN_DTYPE_INT32, "slot indices", SELSCAN_DTYPE_INT64);
+    c.shape(dst, "dst_state_batch_indices", {Bt}, "(batch,): one destination slot per sequence");
+    c.layout(dst, "dst_state_batch_indices", false, false);
+  }
+  if (idx.data == nullptr && S != Bt) {
     return fail(SELSCAN_STATUS_SHAPE_MISMATCH,
                 fmt::format("state: expected {} slots (one per sequence of x) without state_batch_indices, got {}",
                             Bt, given_shape(st)));
@@ -257,6 +276,9 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
   channel_strides(st, 1, heads, p.sstate + 1);
   p.sstate[3] = st.strides[st.ndim - 1];
   p.sidx = p.idx != nullptr ? idx.strides[0] : 0;
+  p.dst = dst.data;
+  p.sdst = p.dst != nullptr ? dst.strides[0] : 0;
+  p.dst64 = dst.dtype == SELSCAN_DTYPE_INT64;
   *out = p;
   return SELSCAN_STATUS_SUCCESS;
 }
@@ -297,13 +319,57 @@ StateUpdatePlan plan_state_update(const StateUpdate& p) {
   return plan;
 }
 
+Status check_host_dst(const StateUpdate& p) {
+  if (p.dst == nullptr) return SELSCAN_STATUS_SUCCESS;
+  // Only a sequence that reads a slot writes one: padding and an unusable source entry touch no slot.
+  std::vector<std::pair<int64_t, int64_t>> writes, reads;  // (slot, sequence)
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t src = slot_entry(p.idx, p.idx64, p.sidx, b);
+    if (src == p.pad_slot || src < 0 || src >= p.slots) continue;
+    reads.emplace_back(src, b);
+    const int64_t d = slot_entry(p.dst, p.dst64, p.sdst, b);
+    if (d == p.pad_slot) continue;
+    if (d < 0 || d >= p.slots)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("dst_state_batch_indices[{}]: expected a slot of state in [0, {}) or pad_slot_id ({}), "
+                              "got {}",
+                              b, p.slots, p.pad_slot, d));
+    writes.emplace_back(d, b);
+  }
+  std::sort(writes.begin(), writes.end());
+  for (size_t i = 1; i < writes.size(); ++i)
+    if (writes[i].first == writes[i - 1].first)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("dst_state_batch_indices: sequences {} and {} both write slot {}; a slot takes one "
+                              "sequence's state per call",
+                              writes[i - 1].second, writes[i].second, writes[i].first));
+  for (const auto& [slot, b] : reads) {
+    const auto w = std::lower_bound(writes.begin(), writes.end(), std::make_pair(slot, int64_t{0}));
+    if (w != writes.end() && w->first == slot && w->second != b)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("dst_state_batch_indices[{}] = {}: sequence {} writes the slot sequence {} reads "
+                              "(state_batch_indices[{}] = {}); a slot another sequence writes cannot be read in the "
+                              "same call",
+                              w->second, slot, w->second, b, b, slot));
+  }
+  return SELSCAN_STATUS_SUCCESS;
+}
+
 Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec) {
   StateUpdate p;
   selscan_exec_t ex;
   if (Status s = make_state_update(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
   if (Status s = check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (ex.device_kind == SELSCAN_DEVICE_CPU) return cpu::state_update(p, ex.num_threads);
+  if (ex.device_kind == SELSCAN_DEVICE_CPU) {
+    if (Status s = check_host_dst(p); s != SELSCAN_STATUS_SUCCESS) return s;
+    return cpu::state_update(p, ex.num_threads);
+  }
 #if SELSCAN_WITH_CUDA
+  if (p.dst != nullptr && !cuda::env_overrides().serving)
+    return fail(SELSCAN_STATUS_UNSUPPORTED,
+                "dst_state_batch_indices on CUDA: the decode kernel's destination-slot instances are built but have "
+                "not yet passed their GPU tests; run the call on the CPU path (SELSCAN_DEVICE_CPU), or set "
+                "SELSCAN_CUDA_SERVING=1 to run them anyway (docs/serving.md)");
   const cuda::DeviceProps* dev = nullptr;  // whether this build serves the device: cached after the first call
   if (Status s = cuda::device_props(ex.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
   cuda::DeviceGuard guard(ex.device_index);

@@ -35,9 +35,19 @@ struct StateUpdate {
   int64_t sD[2], sbias[2];                // (h, p)
   int64_t sstate[4];                      // (slot, h, p, n)
   int64_t sidx;                           // (b)
+  // dst_state_batch_indices (since 0.4), after every older field so that the kernel instances without it keep
+  // their parameter offsets: the slot each sequence writes (nullptr: the slot it reads).
+  const void* dst;
+  int64_t sdst;  // (b)
+  bool dst64;    // INT64 (else INT32)
 
   int64_t channels() const { return heads * headdim; }
 };
+
+// Entry b of a (b,) slot index tensor (state_batch_indices or dst_state_batch_indices) in host memory.
+inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
+  return i64 ? static_cast<const int64_t*>(t)[b * stride] : static_cast<const int32_t*>(t)[b * stride];
+}
 
 // How the CUDA kernel serves a call, decided on the host (and tested on the CPU): `lanes` adjacent threads per
 // channel (a power of two: N / kStatesPerLane rounded up, at most 32), each owning kStatesPerLane consecutive
@@ -55,6 +65,10 @@ StateUpdatePlan plan_state_update(const StateUpdate& p);
 Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* out);
 // Validation, then the CPU path or the CUDA launcher on exec's device.
 Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec);
+
+// The CPU call's check of dst_state_batch_indices' contents (a CUDA call cannot read them): every entry a slot
+// or pad_slot_id, no slot written by two sequences, none read by one sequence and written by another.
+Status check_host_dst(const StateUpdate& p);
 
 namespace cpu {
 // Synchronous, on up to num_threads workers (0 = all hardware threads; small calls run on the caller's thread).

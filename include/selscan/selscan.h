@@ -303,6 +303,17 @@ typedef struct selscan_bwd_args_t {
  * cannot report a bad one: an entry outside [0, S) that is not pad_slot_id writes NaN to its out and touches no
  * slot; two sequences naming the same slot leave that slot undefined. Slots no sequence names are untouched.
  *
+ * Separate destination slots (since 0.4; vLLM's and FlashInfer's dst_state_batch_indices). With
+ * dst_state_batch_indices (Bt,) INT32 or INT64, given only with state_batch_indices, sequence b reads its state
+ * from slot idx[b] and writes the updated state to slot dst[b], leaving slot idx[b] as it was (unless dst[b] ==
+ * idx[b], the in-place update). Block-wise state caching uses this when a decode token starts a new block: read
+ * the previous block's slot, write the new block's, keep the cached one for prefix hits (docs/serving.md).
+ * idx[b] == pad_slot_id is padding as above whatever dst[b] holds; dst[b] == pad_slot_id (idx[b] a slot)
+ * computes out and writes no state. No two sequences may write the same slot, and no sequence may read a slot
+ * another sequence writes (two sequences may read the same slot). On the CPU the call checks all of this and
+ * every dst entry (in [0, S) or pad_slot_id) and rejects a violation; on CUDA a dst entry outside [0, S) that is
+ * not pad_slot_id writes NaN to its out and touches no slot, and overlapping slots are undefined.
+ *
  * Needs no workspace. Like every call it only enqueues work on exec's stream: CUDA-graph capturable.
  */
 typedef struct selscan_state_update_args_t {
@@ -320,6 +331,9 @@ typedef struct selscan_state_update_args_t {
   selscan_tensor_t state;               /* the state pool, updated in place */
   /* output */
   selscan_tensor_t out;
+  /* since 0.4 */
+  selscan_tensor_t dst_state_batch_indices; /* optional, only with state_batch_indices: the slot each sequence's
+                                               updated state is written to (read from state_batch_indices') */
 } selscan_state_update_args_t;
 
 /* Every tensor absent, pad_slot_id -1 (upstream's and vLLM's PAD_SLOT_ID), softplus off, flags 0. A struct
@@ -327,7 +341,7 @@ typedef struct selscan_state_update_args_t {
 #define SELSCAN_STATE_UPDATE_ARGS_INIT                                                                        \
   {sizeof(selscan_state_update_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,         \
    SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,     \
-   SELSCAN_TENSOR_INIT, -1, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
+   SELSCAN_TENSOR_INIT, -1, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
 
 /* The decode step. All tensors live on exec's device; exec's workspace is not used. Asynchronous on CUDA. */
 SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,

@@ -1,4 +1,7 @@
-// The decode step (selscan_state_update) on CUDA: one kernel, instantiated per state dtype.
+// The decode step (selscan_state_update) on CUDA: one kernel, instantiated per state dtype, and per state dtype once
+// more for calls with dst_state_batch_indices (kDst: the state is written to another slot than the one read). The
+// in-place instances carry no destination code, so a call without destinations runs exactly the kernel it ran
+// before destinations existed.
 //
 // The call is memory-bound: per sequence it reads and writes the slot's H*P*N states and reads only O(H*P + N)
 // other values. So the layout serves the state stream:
@@ -108,7 +111,7 @@ constexpr int kSeqs = sizeof(S) == 4 ? 2 : 4;
 // outside the pool), or nothing (past the batch).
 enum SeqKind : int { kRun = 0, kPad = 1, kBad = 2, kNone = 3 };
 
-template <typename S>
+template <typename S, bool kDst>
 __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdate p, const StateUpdatePlan plan) {
   constexpr int R = kSeqs<S>;
   const int P = static_cast<int>(p.headdim);
@@ -143,6 +146,7 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
     // The slots, then every slot's loads: all in flight before the first use. Kinds are uniform over the block.
     int kind[R];
     S* sp[R];
+    S* dp[R];  // kDst: the slot written; nullptr when dst is pad_slot_id (out only)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t b = b0 + r;
@@ -155,6 +159,17 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
         else if (slot < 0 || slot >= p.slots) kind[r] = kBad;
       }
       sp[r] = static_cast<S*>(p.state) + (kind[r] == kRun ? slot * p.sstate[0] + cs : 0);
+      if constexpr (kDst) {
+        dp[r] = nullptr;
+        if (kind[r] == kRun) {  // a destination outside the pool is reported like a source outside it
+          const int64_t d = p.dst64 ? __ldg(static_cast<const long long*>(p.dst) + b * p.sdst)
+                                    : __ldg(static_cast<const int*>(p.dst) + b * p.sdst);
+          if (d != p.pad_slot) {
+            if (d < 0 || d >= p.slots) kind[r] = kBad;
+            else dp[r] = static_cast<S*>(p.state) + d * p.sstate[0] + cs;
+          }
+        }
+      }
     }
     float s[R][kStatesPerLane];
 #pragma unroll
@@ -192,7 +207,11 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
             st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, y);
           }
         }
-        if (live && valid > 0) store_state(sp[r], p.sstate[3], valid, plan.vec_state, s[r]);
+        if constexpr (kDst) {
+          if (live && valid > 0 && dp[r] != nullptr) store_state(dp[r], p.sstate[3], valid, plan.vec_state, s[r]);
+        } else {
+          if (live && valid > 0) store_state(sp[r], p.sstate[3], valid, plan.vec_state, s[r]);
+        }
       }
     }
   }
@@ -212,12 +231,15 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
                 static_cast<unsigned>(y < kMaxGridY ? y : kMaxGridY));
   };
   const auto s = static_cast<cudaStream_t>(stream);
+  const auto launch = [&](auto state_tag) {
+    using S = decltype(state_tag);
+    if (p.dst != nullptr) state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    else state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+  };
   switch (p.state_t) {
-    case Dtype::f32: state_update_kernel<float><<<grid(kSeqs<float>), kThreads, 0, s>>>(p, plan); break;
-    case Dtype::f16: state_update_kernel<__half><<<grid(kSeqs<__half>), kThreads, 0, s>>>(p, plan); break;
-    case Dtype::bf16:
-      state_update_kernel<__nv_bfloat16><<<grid(kSeqs<__nv_bfloat16>), kThreads, 0, s>>>(p, plan);
-      break;
+    case Dtype::f32: launch(float{}); break;
+    case Dtype::f16: launch(__half{}); break;
+    case Dtype::bf16: launch(__nv_bfloat16{}); break;
     default: return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: state dtype is not f32/f16/bf16");
   }
   return launch_status("selscan_state_update: the kernel's launch");

@@ -43,8 +43,7 @@ struct Scratch {
 int64_t slot_of(const StateUpdate& p, int64_t b, bool* pad, bool* bad) {
   *pad = *bad = false;
   if (p.idx == nullptr) return b;
-  const int64_t v = p.idx64 ? static_cast<const int64_t*>(p.idx)[b * p.sidx]
-                            : static_cast<const int32_t*>(p.idx)[b * p.sidx];
+  const int64_t v = slot_entry(p.idx, p.idx64, p.sidx, b);
   *pad = v == p.pad_slot;
   *bad = !*pad && (v < 0 || v >= p.slots);
   return v;
@@ -61,6 +60,8 @@ void run_channels(const StateUpdate& p, int64_t b, int64_t c0, int64_t c1, Scrat
         store_f(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + (c / P) * p.sout[2] + (c % P) * p.sout[3], v);
     return;
   }
+  // The slot written: dst_state_batch_indices' entry (checked on the host: a slot or pad_slot_id), else the one read.
+  const int64_t dst = p.dst != nullptr ? slot_entry(p.dst, p.dst64, p.sdst, b) : slot;
   float* s = w.s.data();
   float* A = w.A.data();
   for (int64_t c = c0; c < c1; ++c) {
@@ -73,7 +74,8 @@ void run_channels(const StateUpdate& p, int64_t b, int64_t c0, int64_t c1, Scrat
         }
       w.group = g;
     }
-    const int64_t soff = slot * p.sstate[0] + h * p.sstate[1] + pp * p.sstate[2];
+    const int64_t coff = h * p.sstate[1] + pp * p.sstate[2];
+    const int64_t soff = slot * p.sstate[0] + coff;
     for (int64_t n = 0; n < N; ++n) {
       s[n] = load_f(p.state_t, p.state, soff + n * p.sstate[3]);
       A[n] = static_cast<const float*>(p.A)[h * p.sA[0] + pp * p.sA[1] + n * p.sA[2]];
@@ -101,7 +103,9 @@ void run_channels(const StateUpdate& p, int64_t b, int64_t c0, int64_t c1, Scrat
       }
       store_f(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + h * p.sout[2] + pp * p.sout[3], y);
     }
-    for (int64_t n = 0; n < N; ++n) store_f(p.state_t, p.state, soff + n * p.sstate[3], s[n]);
+    if (dst == p.pad_slot) continue;  // out only: the caller keeps no state for this step
+    const int64_t doff = dst * p.sstate[0] + coff;
+    for (int64_t n = 0; n < N; ++n) store_f(p.state_t, p.state, doff + n * p.sstate[3], s[n]);
   }
 }
 

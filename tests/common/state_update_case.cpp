@@ -106,6 +106,7 @@ std::string StateUpdateSpec::str() const {
      << (groups_dim ? "(dim)" : "") << " x=" << dtype_name(itype) << " state=" << dtype_name(state_dtype)
      << (has_D ? " D" : "") << (has_z ? " z" : "") << (has_bias ? " bias" : "") << (softplus ? " softplus" : "")
      << " pool=" << pool << (pool > 0 ? (idx_dtype == SELSCAN_DTYPE_INT64 ? "(i64)" : "(i32)") : "")
+     << (dst.empty() ? "" : " dst")
      << (broadcast ? " broadcast" : "") << (padded ? " padded" : "") << " seed=" << seed;
   return os.str();
 }
@@ -114,7 +115,19 @@ int64_t StateUpdateCase::slot_of(int64_t b) const {
   if (spec.pool == 0) return b;
   const int64_t v = indices[static_cast<size_t>(b)];
   if (v == spec.pad_slot) return -1;
-  return (v < 0 || v >= spec.pool) ? -2 : v;
+  if (v < 0 || v >= spec.pool) return -2;
+  if (!spec.dst.empty()) {
+    const int64_t d = spec.dst[static_cast<size_t>(b)];
+    if (d != spec.pad_slot && (d < 0 || d >= spec.pool)) return -2;
+  }
+  return v;
+}
+
+int64_t StateUpdateCase::dst_of(int64_t b) const {
+  const int64_t src = slot_of(b);
+  if (src < 0 || spec.dst.empty()) return src < 0 ? -1 : src;
+  const int64_t d = spec.dst[static_cast<size_t>(b)];
+  return d == spec.pad_slot ? -1 : d;
 }
 
 std::vector<Tensor*> StateUpdateCase::tensors() {
@@ -124,7 +137,7 @@ std::vector<Tensor*> StateUpdateCase::tensors() {
   return v;
 }
 
-selscan_state_update_args_t StateUpdateCase::args(const Case::PtrMap& ptr, void* idx) {
+selscan_state_update_args_t StateUpdateCase::args(const Case::PtrMap& ptr, void* idx, void* dst) {
   selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
   a.x = desc_at(x, ptr);
   a.dt = desc_at(dt, ptr);
@@ -143,6 +156,10 @@ selscan_state_update_args_t StateUpdateCase::args(const Case::PtrMap& ptr, void*
     t.ndim = 1;
     t.sizes[0] = spec.batch;
     t.strides[0] = spec.idx_stride;
+    if (!dst_storage.empty()) {
+      a.dst_state_batch_indices = t;
+      a.dst_state_batch_indices.data = dst;
+    }
   }
   a.pad_slot_id = spec.pad_slot;
   a.dt_softplus = spec.softplus ? 1 : 0;
@@ -229,17 +246,21 @@ StateUpdateCase make_state_update_case(const StateUpdateSpec& spec_in) {
       c.indices.assign(all.begin(), all.begin() + std::min<int64_t>(Bt, s.pool));
     }
     const int64_t es = idx_esize(s.idx_dtype);
-    c.idx_storage.assign(static_cast<size_t>(((Bt - 1) * s.idx_stride + 1) * es), 0x5A);  // gaps: garbage
-    for (int64_t b = 0; b < Bt; ++b) {
-      unsigned char* p = c.idx_storage.data() + b * s.idx_stride * es;
-      const int64_t v = c.indices[static_cast<size_t>(b)];
-      if (es == 8) {
-        std::memcpy(p, &v, 8);
-      } else {
-        const int32_t v32 = static_cast<int32_t>(v);
-        std::memcpy(p, &v32, 4);
+    const auto encode = [&](const std::vector<int64_t>& entries, std::vector<unsigned char>& storage) {
+      storage.assign(static_cast<size_t>(((Bt - 1) * s.idx_stride + 1) * es), 0x5A);  // gaps: garbage
+      for (int64_t b = 0; b < Bt; ++b) {
+        unsigned char* p = storage.data() + b * s.idx_stride * es;
+        const int64_t v = entries[static_cast<size_t>(b)];
+        if (es == 8) {
+          std::memcpy(p, &v, 8);
+        } else {
+          const int32_t v32 = static_cast<int32_t>(v);
+          std::memcpy(p, &v32, 4);
+        }
       }
-    }
+    };
+    encode(c.indices, c.idx_storage);
+    if (!s.dst.empty()) encode(s.dst, c.dst_storage);
   }
   return c;
 }
@@ -248,8 +269,8 @@ selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec
                                   bool misalign) {
   c.out.fill_bytes(kPoison);
   if (dev == nullptr) {
-    selscan_state_update_args_t a =
-        c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, c.idx_storage.data());
+    selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                           c.idx_storage.data(), c.dst_storage.data());
     return selscan_state_update(&a, &exec);
   }
   struct Copy {
@@ -260,6 +281,7 @@ selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec
   std::vector<Copy> copies;
   std::map<Tensor*, unsigned char*> where;
   unsigned char* idx_dev = nullptr;
+  unsigned char* dst_dev = nullptr;
   for (Tensor* t : c.tensors()) {
     auto* base = static_cast<unsigned char*>(dev->alloc(t->storage.size() + 16));
     copies.push_back({&t->storage, base, misalign ? static_cast<size_t>(t->esize()) : 0});
@@ -270,8 +292,14 @@ selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec
     copies.push_back({&c.idx_storage, base, misalign ? static_cast<size_t>(idx_esize(c.spec.idx_dtype)) : 0});
     idx_dev = base + copies.back().shift;
   }
+  if (!c.dst_storage.empty()) {
+    auto* base = static_cast<unsigned char*>(dev->alloc(c.dst_storage.size() + 16));
+    copies.push_back({&c.dst_storage, base, misalign ? static_cast<size_t>(idx_esize(c.spec.idx_dtype)) : 0});
+    dst_dev = base + copies.back().shift;
+  }
   for (const Copy& k : copies) dev->to_device(k.base + k.shift, k.host->data(), k.host->size());
-  selscan_state_update_args_t a = c.args([&](Tensor& t) { return static_cast<void*>(where.at(&t)); }, idx_dev);
+  selscan_state_update_args_t a =
+      c.args([&](Tensor& t) { return static_cast<void*>(where.at(&t)); }, idx_dev, dst_dev);
   const selscan_status_t s = selscan_state_update(&a, &exec);
   dev->sync();
   for (const Copy& k : copies) dev->to_host(k.host->data(), k.base + k.shift, k.host->size());
@@ -318,8 +346,10 @@ StateUpdateRef ref_state_update(const StateUpdateCase& c) {
           }
           r.out[o0 + static_cast<size_t>(t * H * P)] = y;
         }
+        const int64_t dst = c.dst_of(b);
+        if (dst < 0) continue;
         for (int64_t n = 0; n < N; ++n)
-          r.state[static_cast<size_t>(((slot * H + h) * P + p) * N + n)] = st[static_cast<size_t>(n)];
+          r.state[static_cast<size_t>(((dst * H + h) * P + p) * N + n)] = st[static_cast<size_t>(n)];
       }
     }
   }
@@ -356,7 +386,7 @@ void expect_state_update_ok(const StateUpdateCase& after, const StateUpdateCase&
   // state: the updated slots close to the oracle; every other slot bit-identical; guards intact.
   std::set<int64_t> updated;
   for (int64_t b = 0; b < Bt; ++b)
-    if (after.slot_of(b) >= 0) updated.insert(after.slot_of(b));
+    if (after.dst_of(b) >= 0) updated.insert(after.dst_of(b));
   const std::vector<double> st = after.state.values();
   std::vector<double> g_st, r_st;
   int64_t changed = 0;
@@ -390,6 +420,7 @@ void expect_state_update_ok(const StateUpdateCase& after, const StateUpdateCase&
   for (size_t i = 0; i < 8; ++i)
     EXPECT_TRUE(ins[i].second->storage == ins_before[i]->storage) << what << ": input " << ins[i].first << " changed";
   EXPECT_TRUE(after.idx_storage == before.idx_storage) << what << ": state_batch_indices changed";
+  EXPECT_TRUE(after.dst_storage == before.dst_storage) << what << ": dst_state_batch_indices changed";
 }
 
 std::vector<NamedStateUpdateSpec> state_update_matrix() {

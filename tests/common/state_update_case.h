@@ -36,6 +36,8 @@ struct StateUpdateSpec {
   int64_t idx_stride = 1;
   std::vector<int64_t> indices;  // explicit entries; empty: distinct random slots of the pool
   int64_t pad_slot = -1;
+  // dst_state_batch_indices' entries (idx_dtype, idx_stride apart); empty: absent (the in-place update).
+  std::vector<int64_t> dst;
   // Mamba-2's broadcasts: A (H, P, N) with strides (1, 0, 0), and dt, D and dt_bias with stride 0 over P (the
   // Mamba-1 form: A (D, N) with strides (1, 0)).
   bool broadcast = false;
@@ -51,14 +53,17 @@ struct StateUpdateCase {
   Tensor x, dt, A, B, C, D, z, dt_bias, state, out;
   std::vector<int64_t> indices;             // the entries, as given
   std::vector<unsigned char> idx_storage;   // state_batch_indices in its dtype (empty: absent)
+  std::vector<unsigned char> dst_storage;   // dst_state_batch_indices in the same dtype (empty: absent)
 
   int64_t slots() const { return spec.pool > 0 ? spec.pool : spec.batch; }
-  // The slot sequence b uses: -1 for a pad entry, -2 for an entry outside the pool.
+  // The slot sequence b reads: -1 for a pad entry, -2 for an entry (source or destination) outside the pool.
   int64_t slot_of(int64_t b) const;
+  // The slot sequence b writes: its destination (its source without dst), -1 when it writes none.
+  int64_t dst_of(int64_t b) const;
   std::vector<Tensor*> tensors();  // every present Tensor
-  // The struct over storages at the addresses `ptr` gives (host: storage.data(); device: its copy) and the
-  // indices at `idx`.
-  selscan_state_update_args_t args(const Case::PtrMap& ptr, void* idx);
+  // The struct over storages at the addresses `ptr` gives (host: storage.data(); device: its copy), the
+  // indices at `idx` and the destinations at `dst` (when the case has them).
+  selscan_state_update_args_t args(const Case::PtrMap& ptr, void* idx, void* dst = nullptr);
 };
 
 StateUpdateCase make_state_update_case(const StateUpdateSpec& spec);

@@ -14,6 +14,7 @@
 
 #include "args.h"
 #include "selscan/selscan.h"
+#include "state_update_case.h"
 
 namespace {
 
@@ -178,6 +179,43 @@ TEST(AbiV02, OlderCallerSmallerStructKeepsWorking) {
   expect_status(selscan_bwd(as<selscan_bwd_args_t>(mem4), &c.exec), SELSCAN_STATUS_INVALID_ARGUMENT,
                 {"flags: reserved, must be 0, got 2147483647"});
   EXPECT_TRUE(all_nan(c.du));
+}
+
+// A 0.3 caller's decode-step struct ends before dst_state_batch_indices (0.4): the library reads only its bytes
+// and treats the destinations as absent (the in-place update), whatever lies after them in memory.
+TEST(AbiV02, OlderCallerSmallerStateUpdateStructKeepsWorking) {
+  using selscan_test::StateUpdateCase;
+  selscan_test::StateUpdateSpec spec;
+  spec.pool = 6, spec.indices = {4, 0, 2}, spec.has_z = true;
+  const auto host = [](selscan_test::Tensor& t) { return static_cast<void*>(t.storage.data()); };
+  const selscan_exec_t e = selscan_test::cpu_exec(1);
+  StateUpdateCase full = selscan_test::make_state_update_case(spec);
+  const selscan_state_update_args_t fa = full.args(host, full.idx_storage.data());
+  ASSERT_EQ(selscan_state_update(&fa, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+
+  const size_t v03 = offsetof(selscan_state_update_args_t, dst_state_batch_indices);
+  // Junk where 0.4 has dst_state_batch_indices: destinations that would move every state and a dtype that would
+  // be rejected.
+  std::vector<int32_t> junk_dst = {5, 1, 3};
+  for (const size_t block : {v03, sizeof(selscan_state_update_args_t)}) {
+    StateUpdateCase old = selscan_test::make_state_update_case(spec);
+    selscan_state_update_args_t with_junk = old.args(host, old.idx_storage.data());
+    with_junk.dst_state_batch_indices = with_junk.state_batch_indices;
+    with_junk.dst_state_batch_indices.data = junk_dst.data();
+    with_junk.dst_state_batch_indices.dtype = SELSCAN_DTYPE_FLOAT32;
+    auto mem = boxed(with_junk, block, v03);
+    ASSERT_EQ(selscan_state_update(as<selscan_state_update_args_t>(mem), &e), SELSCAN_STATUS_SUCCESS)
+        << selscan_last_error();
+    EXPECT_TRUE(old.out.storage == full.out.storage);
+    EXPECT_TRUE(old.state.storage == full.state.storage);
+  }
+  // The macro: struct_size of this version, pad_slot_id -1, every other byte zero.
+  const selscan_state_update_args_t m = SELSCAN_STATE_UPDATE_ARGS_INIT;
+  selscan_state_update_args_t z;
+  std::memset(&z, 0, sizeof z);
+  z.struct_size = sizeof z;
+  z.pad_slot_id = -1;
+  EXPECT_EQ(std::memcmp(&m, &z, sizeof m), 0);
 }
 
 TEST(AbiV02, BelowTheFirstVersionIsRejected) {
