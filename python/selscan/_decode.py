@@ -1,14 +1,17 @@
 """The decode step: selective_state_update over numpy arrays, torch tensors and CuPy arrays.
 
     out = selscan.selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                                         state_batch_indices=None, pad_slot_id=-1)
+                                         state_batch_indices=None, pad_slot_id=-1,
+                                         dst_state_batch_indices=None)
 
 Upstream mamba_ssm's argument order and meaning (mamba_ssm.ops.triton.selective_state_update); `state` is
 updated in place and `out` (x's shape and dtype) is returned. Shapes (docs/serving.md):
     Mamba-1 form: state (S, D, N); x, dt, z (Bt, D) or (Bt, T, D); A (D, N); B, C (Bt, [T,] [G,] N); D, dt_bias (D,)
     heads form:   state (S, H, P, N); x, dt, z (Bt, H, P) or (Bt, T, H, P); A (H, P, N); D, dt_bias (H, P)
 Inputs may broadcast with stride 0 (torch's expand). With state_batch_indices (Bt,), sequence b uses state
-slot idx[b]; an entry equal to pad_slot_id skips the sequence (its out is 0, no slot touched).
+slot idx[b]; an entry equal to pad_slot_id skips the sequence (its out is 0, no slot touched). With
+dst_state_batch_indices (Bt,) as well, sequence b reads slot idx[b] and writes its updated state to slot dst[b]
+(vLLM's and FlashInfer's argument; a dst entry equal to pad_slot_id computes out and writes no state).
 
 Per-call host work is kept to what the call needs: the argument struct of a call signature (dtypes, shapes,
 strides, devices, flags) is built once per thread, and later calls with that signature write only the data
@@ -22,7 +25,7 @@ import numpy as np
 from . import _backends, _lib, _plan
 from ._lib import SelscanError
 
-_NAMES = _lib.STATE_UPDATE_INPUTS + ("state", "out")
+_NAMES = _lib.STATE_UPDATE_INPUTS + ("state", "out", "dst_state_batch_indices")
 _IO = ("fp32", "fp16", "bf16")
 
 
@@ -173,11 +176,11 @@ def _framework(x):
 
 
 # ------------------------------------------------------------------------------------------------ the call
-def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx):
+def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx, dst):
     """The arguments in dtypes the library takes (copies only where the caller's dtype is not one). The state
     is never copied: it is updated in place."""
     ins = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
-           "state_batch_indices": idx, "state": state}
+           "state_batch_indices": idx, "state": state, "dst_state_batch_indices": dst}
     for name in ("x", "dt", "A", "B", "C", "state"):
         if ins[name] is None:
             raise SelscanError(f"{name} is required (got None)", _lib.STATUS_INVALID_ARGUMENT)
@@ -196,9 +199,10 @@ def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx):
         a = ins[name]
         if a is not None and fw.describe(a)[0] != "fp32":
             ins[name] = fw.to(a, fw.float32())
-    a = ins["state_batch_indices"]
-    if a is not None and fw.describe(a)[0] not in ("i32", "i64"):
-        ins["state_batch_indices"] = fw.to(a, fw.int64())
+    for name in ("state_batch_indices", "dst_state_batch_indices"):
+        a = ins[name]
+        if a is not None and fw.describe(a)[0] not in ("i32", "i64"):
+            ins[name] = fw.to(a, fw.int64())
     sc = fw.describe(ins["state"])[0]
     if sc not in ("fp32", xc):
         raise SelscanError(f"state: dtype {ins['state'].dtype} cannot be used: the state is updated in place, so it "
@@ -207,12 +211,13 @@ def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx):
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, pad_slot_id=-1, num_threads=0):
+                           state_batch_indices=None, pad_slot_id=-1, num_threads=0, dst_state_batch_indices=None):
     """One decode step (or T tokens per sequence): updates `state` in place and returns out (x's shape and dtype).
 
     numpy arrays run on the CPU path (num_threads workers, 0 = all); torch tensors where they live (CUDA: the
     current stream of x's device); CuPy arrays on their device's current stream. See the module docstring for
-    the shapes and docs/serving.md for the math.
+    the shapes and docs/serving.md for the math. dst_state_batch_indices: write sequence b's updated state to
+    slot dst[b] instead of the slot it was read from (needs state_batch_indices).
     """
     fw = _framework(x)
     if fw is None:
@@ -221,21 +226,22 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     kind, dev = fw.device(x)
     softplus = 1 if dt_softplus else 0
     pad = int(pad_slot_id)
+    dst = dst_state_batch_indices
     given = (x, dt, A, B, C, D, z, dt_bias, state_batch_indices, state)
     sig = fw.sig
     try:
         key = (kind, dev, softplus, pad, num_threads, sig(x), sig(dt), sig(A), sig(B), sig(C), sig(D), sig(z),
-               sig(dt_bias), sig(state_batch_indices), sig(state))
+               sig(dt_bias), sig(state_batch_indices), sig(state), sig(dst))
     except AttributeError:  # an argument of another type: the general path reports it
         key = None
     plans = _plan.cache("state_update")
     call = plans.get(key) if key is not None and _plan.ENABLED else None
     if call is not None:
         out = fw.empty(x)
-        call(given + (out,), fw.stream(kind, dev), 0)
+        call(given + (out, dst), fw.stream(kind, dev), 0)
         return out
     # The general path: conversions, then a call plan for this signature.
-    named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, dst)
     x = named["x"]
     named["out"] = out = fw.empty(x)
     specs, positions = {}, []
@@ -254,7 +260,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
                       kind, dev, num_threads)
     call = plan.caller(positions, fw.ptr_expr)
     # Only a signature that needed no conversion is cached: a cached call passes the caller's arrays as they are.
-    if key is not None and all(a is b for a, b in zip(ins, given)):
+    if key is not None and all(a is b for a, b in zip(ins, given + (out, dst))):
         plans[key] = call
     call(ins, fw.stream(kind, dev), 0)
     return out

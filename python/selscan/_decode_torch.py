@@ -15,20 +15,24 @@ _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
-def _impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id):
+def _impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+          dst_state_batch_indices=None):
     return _decode.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-                                          pad_slot_id)
+                                          pad_slot_id, dst_state_batch_indices=dst_state_batch_indices)
 
 
 # The op is defined with torch.library's define / impl / register_fake rather than torch.library.custom_op: the
 # same schema-declared mutation (`Tensor(a!) state`) and fake implementation for torch.compile, without
 # custom_op's per-call Python wrapper, which costs several times the dispatch itself; a decode step's host time
-# is the budget (bench/bench_decode_host.py measures it).
+# is the budget (bench/bench_decode_host.py measures it). dst_state_batch_indices comes last with a default, so
+# callers of the schema without it keep working.
 _SCHEMA = ("selective_state_update(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, "
-           "Tensor? z, Tensor? dt_bias, bool dt_softplus, Tensor? state_batch_indices, int pad_slot_id) -> Tensor")
+           "Tensor? z, Tensor? dt_bias, bool dt_softplus, Tensor? state_batch_indices, int pad_slot_id, "
+           "Tensor? dst_state_batch_indices=None) -> Tensor")
 
 
-def _fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id):
+def _fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+          dst_state_batch_indices=None):
     return x.new_empty(x.shape, dtype=x.dtype if x.dtype in _IO_DTYPES else torch.float32)
 
 
@@ -45,12 +49,14 @@ else:  # torch too old for fake implementations: a plain function (no torch.comp
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, pad_slot_id=-1):
+                           state_batch_indices=None, pad_slot_id=-1, dst_state_batch_indices=None):
     """mamba_ssm.ops.triton.selective_state_update's signature and semantics, on torch tensors (CPU or CUDA):
     updates `state` in place and returns out. Also takes T > 1 tokens per sequence (x (Bt, T, D) or
-    (Bt, T, H, P)) and a pad_slot_id (docs/serving.md)."""
+    (Bt, T, H, P)), a pad_slot_id, and dst_state_batch_indices: sequence b's state read from slot
+    state_batch_indices[b] and written to slot dst_state_batch_indices[b] (docs/serving.md)."""
     if _is_compiling():
         return torch.ops.selscan.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus),
-                                                         state_batch_indices, int(pad_slot_id))
+                                                         state_batch_indices, int(pad_slot_id),
+                                                         dst_state_batch_indices)
     return _decode.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-                                          pad_slot_id)
+                                          pad_slot_id, dst_state_batch_indices=dst_state_batch_indices)

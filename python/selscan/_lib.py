@@ -143,6 +143,7 @@ class StateUpdateArgs(ctypes.Structure):
         + [(n, Tensor) for n in STATE_UPDATE_INPUTS]
         + [("pad_slot_id", ctypes.c_int64), ("dt_softplus", ctypes.c_int32), ("flags", ctypes.c_int32)]
         + [("state", Tensor), ("out", Tensor)]
+        + [("dst_state_batch_indices", Tensor)]  # since 0.4
     )
 
 

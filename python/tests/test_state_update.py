@@ -11,8 +11,9 @@ from conftest import torch_cuda_skip_reason
 TOL = {np.dtype(np.float32): (6e-4, 2e-3), np.dtype(np.float16): (3e-3, 5e-3)}
 
 
-def ref_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=False, idx=None, pad=-1):
-    """float64 (out, new state) from numpy inputs of either form, upstream's math (T tokens in order)."""
+def ref_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=False, idx=None, pad=-1, dst=None):
+    """float64 (out, new state) from numpy inputs of either form, upstream's math (T tokens in order); with dst,
+    sequence b's state goes to slot dst[b] (none when pad)."""
     f = lambda a: None if a is None else np.asarray(a, dtype=np.float64)  # noqa: E731
     state, x, dt, A, B, C, D, z, dt_bias = map(f, (state, x, dt, A, B, C, D, z, dt_bias))
     heads = state.ndim == 4
@@ -51,7 +52,9 @@ def ref_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=Fal
             if z is not None:
                 y = y * z[b, t] / (1 + np.exp(-z[b, t]))
             out[b, t] = y
-        new[slot] = s
+        to = slot if dst is None else int(dst[b])
+        if to != pad:
+            new[to] = s
     if not has_t:
         out = out[:, 0]
     if not heads:
@@ -92,7 +95,8 @@ def make(rng, heads=False, Bt=3, T=None, H=8, P=4, N=16, G=1, grouped=False, poo
 
 def call_ref(a):
     return ref_update(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"),
-                      a.get("dt_softplus", False), a.get("state_batch_indices"), a.get("pad_slot_id", -1))
+                      a.get("dt_softplus", False), a.get("state_batch_indices"), a.get("pad_slot_id", -1),
+                      a.get("dst_state_batch_indices"))
 
 
 def check(a, run, tol=None):
@@ -106,7 +110,9 @@ def check(a, run, tol=None):
     srtol, satol = TOL[np.dtype(np.asarray(a["state"]).dtype)]
     np.testing.assert_allclose(st, want_state, rtol=srtol, atol=satol)
     idx = a.get("state_batch_indices")
-    if idx is not None:  # slots no sequence names: bit-identical
+    if a.get("dst_state_batch_indices") is not None:
+        idx = a["dst_state_batch_indices"]
+    if idx is not None:  # slots no sequence writes: bit-identical
         untouched = np.setdiff1d(np.arange(before.shape[0]), np.asarray(idx))
         assert np.array_equal(np.asarray(a["state"])[untouched].view(np.uint8), before[untouched].view(np.uint8))
     return out
@@ -133,6 +139,56 @@ def test_numpy_pool_padding_and_broadcast(heads):
     a["pad_slot_id"] = 0  # slot 0 as a null block: sequence 1 is padding
     out = check(a, lambda pad_slot_id, **k: selscan.selective_state_update(**k, pad_slot_id=pad_slot_id))
     assert np.all(out[1] == 0)
+
+
+@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("T", [None, 3])
+def test_numpy_dst_slots(heads, T):
+    rng = np.random.default_rng(51 + heads + (T or 0))
+    a = make(rng, heads=heads, T=T, G=2, Bt=4, pool=10, broadcast=heads)
+    a["state_batch_indices"] = np.array([3, 0, -1, 5], dtype=np.int32)
+    in_place = {k: (v.copy() if k == "state" else v) for k, v in a.items()}
+    out_in_place = selscan.selective_state_update(**in_place)
+    # sequence 0 moves to slot 8, 1 updates in place, 2 is padding, 3 computes out and keeps no state
+    a["dst_state_batch_indices"] = np.array([8, 0, 9, -1], dtype=np.int64)
+    before = a["state"].copy()
+    out = check(a, selscan.selective_state_update)
+    assert np.array_equal(out, out_in_place)
+    assert np.array_equal(a["state"][[3, 5]], before[[3, 5]])  # the sources: untouched
+    assert np.array_equal(a["state"][8], in_place["state"][3])  # the state the in-place call left in slot 3
+    assert np.array_equal(a["state"][0], in_place["state"][0])
+    # dst == idx is the in-place call, bit for bit
+    b = {k: (v.copy() if k == "state" else v) for k, v in in_place.items()}
+    b["state"][:] = before
+    b["dst_state_batch_indices"] = b["state_batch_indices"]
+    assert np.array_equal(selscan.selective_state_update(**b), out_in_place)
+    assert np.array_equal(b["state"], in_place["state"])
+
+
+def test_numpy_dst_errors_and_plans():
+    rng = np.random.default_rng(61)
+    a = make(rng, pool=6)
+    a["state_batch_indices"] = np.array([4, 0, 2], dtype=np.int32)
+    a["dst_state_batch_indices"] = np.array([1, 1, 3], dtype=np.int32)
+    with pytest.raises(selscan.SelscanError, match="sequences 0 and 1 both write slot 1"):
+        selscan.selective_state_update(**a)
+    a["dst_state_batch_indices"] = np.array([0, 5, 3], dtype=np.int32)
+    with pytest.raises(selscan.SelscanError, match="writes the slot sequence 1 reads"):
+        selscan.selective_state_update(**a)
+    a["dst_state_batch_indices"] = np.array([1, 6, 3], dtype=np.int32)
+    with pytest.raises(selscan.SelscanError, match=r"dst_state_batch_indices\[1\].*got 6"):
+        selscan.selective_state_update(**a)
+    b = make(rng)
+    b["dst_state_batch_indices"] = np.array([0, 1, 2], dtype=np.int32)
+    with pytest.raises(selscan.SelscanError, match="without state_batch_indices"):
+        selscan.selective_state_update(**b)
+    # Same signature with and without destinations: two plans, each seeing its call's data.
+    for dst in (None, [5, 1, 3], None, [1, 5, 3]):
+        c = make(rng, pool=6)
+        c["state_batch_indices"] = np.array([4, 0, 2], dtype=np.int32)
+        if dst is not None:
+            c["dst_state_batch_indices"] = np.array(dst, dtype=np.int32)
+        check(c, selscan.selective_state_update)
 
 
 def test_numpy_half_state_and_dtypes():
@@ -247,9 +303,11 @@ def torch_cases():
 
 
 def op_call(**k):
-    return torch.ops.selscan.selective_state_update(k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k.get("D"),
-                                                    k.get("z"), k.get("dt_bias"), k["dt_softplus"],
-                                                    k.get("state_batch_indices"), -1)
+    args = (k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k.get("D"), k.get("z"), k.get("dt_bias"),
+            k["dt_softplus"], k.get("state_batch_indices"), -1)
+    if "dst_state_batch_indices" in k:  # else the schema's default: the callers written before the argument
+        args += (k["dst_state_batch_indices"],)
+    return torch.ops.selscan.selective_state_update(*args)
 
 
 @needs_torch
@@ -262,6 +320,46 @@ def test_torch(device, dtype):
     for kw in torch_cases():
         check_torch(make(rng, **kw), device, dt, selective_state_update)
         check_torch(make(rng, **kw), device, dt, op_call)
+
+
+@needs_torch
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_dst(device, dtype):
+    from selscan.torch import selective_state_update
+    dt = getattr(torch, dtype)
+    rng = np.random.default_rng(71)
+    for kw in torch_cases():
+        for run in (selective_state_update, op_call):
+            a = make(rng, **kw)
+            a["state_batch_indices"] = np.array([1, 6, 3], dtype=np.int64)
+            a["dst_state_batch_indices"] = np.array([0, 6, -1], dtype=np.int64)
+            t, _ = check_torch(a, device, dt, run)
+            assert torch.equal(t["state"][[1, 3]], to_torch(a, device, dt)["state"][[1, 3]])  # sources kept
+
+
+@needs_torch
+def test_torch_compile_traces_the_op_with_dst():
+    from selscan.torch import selective_state_update
+    rng = np.random.default_rng(43)
+    a = make(rng, heads=True, T=2, pool=6, broadcast=True)
+    a["state_batch_indices"] = np.array([0, 2, 4], dtype=np.int32)
+    a["dst_state_batch_indices"] = np.array([1, 3, 5], dtype=np.int32)
+    a = to_torch(a, "cpu")
+    state0 = a["state"].clone()
+
+    def step(state, x, dt, A, B, C, D, z, dt_bias, idx, dst):
+        return selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+                                      state_batch_indices=idx, dst_state_batch_indices=dst) * 2
+
+    args = (a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["dt_bias"], a["state_batch_indices"],
+            a["dst_state_batch_indices"])
+    eager_state = state0.clone()
+    want = step(eager_state, *args)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(a["state"], *args)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(a["state"], eager_state)
+    assert not torch.equal(eager_state, state0)
 
 
 @needs_torch
