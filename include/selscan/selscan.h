@@ -273,7 +273,8 @@ typedef struct selscan_bwd_args_t {
 /* --------------------------------------------------------------------------------------------- 5b */
 /*
  * The decode step (since 0.3), upstream's selective_state_update: T >= 1 new tokens per sequence advance that sequence's
- * state in place, and each token gets its output. T > 1 serves speculative decoding.
+ * state in place (or into another slot, since 0.4: see below), and each token gets its output. T > 1 serves
+ * speculative decoding.
  *
  * Two forms, told apart by state's ndim. The Mamba-1 form is the heads form with H = D heads of P = 1
  * channel each, so both run through one code path (and one kernel):
@@ -311,8 +312,9 @@ typedef struct selscan_bwd_args_t {
  * idx[b] == pad_slot_id is padding as above whatever dst[b] holds; dst[b] == pad_slot_id (idx[b] a slot)
  * computes out and writes no state. No two sequences may write the same slot, and no sequence may read a slot
  * another sequence writes (two sequences may read the same slot). On the CPU the call checks all of this and
- * every dst entry (in [0, S) or pad_slot_id) and rejects a violation; on CUDA a dst entry outside [0, S) that is
- * not pad_slot_id writes NaN to its out and touches no slot, and overlapping slots are undefined.
+ * the dst entry of every sequence that reads a slot (in [0, S) or pad_slot_id) and rejects a violation; on CUDA
+ * a dst entry outside [0, S) that is not pad_slot_id writes NaN to its out and touches no slot, overlapping slots
+ * are undefined, and the call is UNSUPPORTED unless SELSCAN_CUDA_SERVING=1 until its kernels pass their GPU tests.
  *
  * Needs no workspace. Like every call it only enqueues work on exec's stream: CUDA-graph capturable.
  */
