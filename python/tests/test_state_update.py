@@ -318,19 +318,9 @@ def test_torch(device, dtype):
     dt = getattr(torch, dtype)
     rng = np.random.default_rng(31)
     for kw in torch_cases():
-        check_torch(make(rng, **kw), device, dt, selective_state_update)
-        check_torch(make(rng, **kw), device, dt, op_call)
-
-
-@needs_torch
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torch_dst(device, dtype):
-    from selscan.torch import selective_state_update
-    dt = getattr(torch, dtype)
-    rng = np.random.default_rng(71)
-    for kw in torch_cases():
         for run in (selective_state_update, op_call):
+            check_torch(make(rng, **kw), device, dt, run)
+            # with destinations: 0 moves to slot 0, 1 updates in place, 2 computes out and keeps no state
             a = make(rng, **kw)
             a["state_batch_indices"] = np.array([1, 6, 3], dtype=np.int64)
             a["dst_state_batch_indices"] = np.array([0, 6, -1], dtype=np.int64)

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "state_update_case.h"
@@ -24,7 +26,8 @@ struct Fixture {
     c = make_state_update_case(s);
     c.out.fill_bytes(kPoison);
     state0 = c.state.storage;
-    a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, c.idx_storage.data());
+    a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, c.idx_storage.data(),
+               c.dst_storage.data());
   }
 };
 
@@ -208,6 +211,85 @@ TEST(CpuStateUpdateValidation, HeadsFormShapes) {
   expect_rejected(f, [](auto& a) { a.D.sizes[1] = 1; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"D:", "(4, 2)", "(4, 1)"});
   expect_rejected(f, [](auto& a) { a.B.sizes[1] = a.C.sizes[1] = 3; }, SELSCAN_STATUS_SHAPE_MISMATCH,
                   {"groups (3) must divide heads (4)"});
+}
+
+// ------------------------------------------------------------------------------------------ destinations
+// A pool of 8 slots, sequences reading `idx` and writing `dst` (dst_state_batch_indices).
+Fixture dst_fixture(std::vector<int64_t> idx = {4, 0, 2}, std::vector<int64_t> dst = {1, 3, 2},
+                    int32_t idx_dtype = SELSCAN_DTYPE_INT32) {
+  StateUpdateSpec s;
+  s.pool = 8, s.idx_dtype = idx_dtype, s.indices = std::move(idx), s.dst = std::move(dst);
+  return Fixture(s);
+}
+
+TEST(CpuStateUpdateValidation, DstTheFixtureIsValid) {
+  Fixture f = dst_fixture();
+  const selscan_exec_t e = cpu_exec(1);
+  EXPECT_EQ(selscan_state_update(&f.a, &e), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+}
+
+TEST(CpuStateUpdateValidation, DstTheTensor) {
+  Fixture f = dst_fixture();
+  selscan_state_update_args_t a = f.a;
+  a.state_batch_indices = SELSCAN_TENSOR_INIT;
+  a.state.sizes[0] = 3;  // S = Bt: without dst the call would be valid
+  expect_rejected(f, &a, SELSCAN_STATUS_INVALID_ARGUMENT, {"dst_state_batch_indices", "without state_batch_indices"});
+  a = f.a;
+  a.dst_state_batch_indices.dtype = SELSCAN_DTYPE_FLOAT32;
+  expect_rejected(f, &a, SELSCAN_STATUS_DTYPE_MISMATCH, {"dst_state_batch_indices", "int32 or int64", "float32"});
+  a = f.a;
+  a.dst_state_batch_indices.sizes[0] = 4;
+  expect_rejected(f, &a, SELSCAN_STATUS_SHAPE_MISMATCH, {"dst_state_batch_indices", "(3,)", "(4,)"});
+  a = f.a;
+  a.dst_state_batch_indices.ndim = 2;
+  expect_rejected(f, &a, SELSCAN_STATUS_SHAPE_MISMATCH, {"dst_state_batch_indices"});
+  a = f.a;
+  a.dst_state_batch_indices.strides[0] = -1;
+  expect_rejected(f, &a, SELSCAN_STATUS_BAD_LAYOUT, {"dst_state_batch_indices", "negative", "-1"});
+  a = f.a;
+  a.dst_state_batch_indices.data = f.c.out.storage.data() + 64;  // inside an output
+  expect_rejected(f, &a, SELSCAN_STATUS_BAD_LAYOUT, {"overlap", "dst_state_batch_indices"});
+}
+
+TEST(CpuStateUpdateValidation, DstEntriesOutsideThePool) {
+  for (const int64_t bad : {int64_t{8}, int64_t{-2}, int64_t{1} << 40}) {
+    Fixture f = dst_fixture({4, 0, 2}, {1, bad, 2}, SELSCAN_DTYPE_INT64);  // INT64, so that 2^40 stays itself
+    expect_rejected(f, &f.a, SELSCAN_STATUS_INVALID_ARGUMENT,
+                    {"dst_state_batch_indices[1]", "[0, 8)", "pad_slot_id (-1)", "got " + std::to_string(bad)});
+  }
+}
+
+TEST(CpuStateUpdateValidation, DstTwoSequencesWritingOneSlot) {
+  Fixture f = dst_fixture({4, 0, 2}, {1, 6, 1});
+  expect_rejected(f, &f.a, SELSCAN_STATUS_INVALID_ARGUMENT,
+                  {"dst_state_batch_indices", "sequences 0 and 2", "both write slot 1"});
+  Fixture g = dst_fixture({4, 0, 2}, {2, 3, 2});  // one of them in place
+  expect_rejected(g, &g.a, SELSCAN_STATUS_INVALID_ARGUMENT, {"sequences 0 and 2", "both write slot 2"});
+}
+
+TEST(CpuStateUpdateValidation, DstASlotReadByOneAndWrittenByAnother) {
+  Fixture f = dst_fixture({4, 0, 2}, {0, 3, 5});  // sequence 0 writes the slot sequence 1 reads
+  expect_rejected(f, &f.a, SELSCAN_STATUS_INVALID_ARGUMENT,
+                  {"dst_state_batch_indices[0] = 0", "sequence 0 writes the slot sequence 1 reads",
+                   "state_batch_indices[1] = 0"});
+  Fixture g = dst_fixture({4, 0, 2}, {1, 2, 0});  // a swap: each reads what another writes
+  expect_rejected(g, &g.a, SELSCAN_STATUS_INVALID_ARGUMENT, {"writes the slot sequence"});
+}
+
+// dst on CUDA stays off until the destination instances have passed their GPU tests. Host pointers are fine: the
+// call must stop before any device work.
+TEST(CpuStateUpdateValidation, DstCudaIsOptIn) {
+  const char* opt_in = std::getenv("SELSCAN_CUDA_SERVING");
+  if (opt_in != nullptr && std::string(opt_in) == "1") GTEST_SKIP() << "SELSCAN_CUDA_SERVING=1 is set";
+  Fixture f = dst_fixture();
+  selscan_exec_t e = cpu_exec(1);
+  e.device_kind = SELSCAN_DEVICE_CUDA;
+#if SELSCAN_WITH_CUDA
+  expect_rejected(f, &f.a, SELSCAN_STATUS_UNSUPPORTED,
+                    {"dst_state_batch_indices", "on CUDA", "SELSCAN_CUDA_SERVING=1", "CPU path"}, e);
+#else
+  expect_rejected(f, &f.a, SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"}, e);
+#endif
 }
 
 }  // namespace
