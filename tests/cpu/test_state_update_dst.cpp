@@ -43,12 +43,17 @@ std::vector<StateUpdateSpec> dst_specs() {
   return v;
 }
 
-// Runs the case, expecting success.
-StateUpdateCase run_ok(const StateUpdateSpec& spec) {
-  StateUpdateCase c = make_state_update_case(spec);
-  const selscan_status_t s = run_state_update(c, cpu_exec(1));
-  EXPECT_EQ(s, SELSCAN_STATUS_SUCCESS) << spec.str() << ": " << selscan_last_error();
-  return c;
+// A case as built and after its call, checked against the oracle (slots no sequence writes bit-identical).
+struct Ran {
+  StateUpdateCase before, after;
+};
+Ran run_checked(const StateUpdateSpec& spec) {
+  Ran r{make_state_update_case(spec), {}};
+  r.after = r.before;
+  EXPECT_EQ(run_state_update(r.after, cpu_exec(1)), SELSCAN_STATUS_SUCCESS) << spec.str() << ": "
+                                                                            << selscan_last_error();
+  expect_state_update_ok(r.after, r.before);
+  return r;
 }
 
 // The same case run in place (sources `idx`) and with destinations `dst`.
@@ -57,12 +62,12 @@ struct InPlaceAndDst {
 };
 InPlaceAndDst run_both(StateUpdateSpec s, std::vector<int64_t> idx, std::vector<int64_t> dst) {
   s.indices = std::move(idx);
-  InPlaceAndDst r{run_ok(s), {}, {}};
+  InPlaceAndDst r{run_checked(s).after, {}, {}};
   s.dst = std::move(dst);
-  r.before = make_state_update_case(s);
-  r.with_dst = run_ok(s);
+  Ran d = run_checked(s);
+  r.before = std::move(d.before);
+  r.with_dst = std::move(d.after);
   EXPECT_TRUE(r.with_dst.out.storage == r.in_place.out.storage) << s.str() << ": out differs from the in-place call";
-  expect_state_update_ok(r.with_dst, r.before);  // the oracle; slots no sequence writes bit-identical
   return r;
 }
 
@@ -91,10 +96,8 @@ TEST(CpuStateUpdateDst, TwoSequencesMayReadOneSlot) {
   StateUpdateSpec s = dst_specs()[2];
   s.indices = {1, 1, 4};
   s.dst = {6, 8, 0};
-  const StateUpdateCase before = make_state_update_case(s);
-  const StateUpdateCase c = run_ok(s);
-  expect_state_update_ok(c, before);
-  EXPECT_TRUE(slot_bytes(c, 1) == slot_bytes(before, 1));
+  const Ran r = run_checked(s);
+  EXPECT_TRUE(slot_bytes(r.after, 1) == slot_bytes(r.before, 1));
 }
 
 TEST(CpuStateUpdateDst, PadDstComputesOutAndWritesNoState) {
@@ -110,11 +113,9 @@ TEST(CpuStateUpdateDst, ACustomPadSlotId) {
   s.pad_slot = 7;  // slot 7 cannot be used: 7 means padding in both index tensors
   s.indices = {5, 7, 2};
   s.dst = {7, 3, 6};
-  const StateUpdateCase before = make_state_update_case(s);
-  const StateUpdateCase c = run_ok(s);
-  expect_state_update_ok(c, before);
-  EXPECT_TRUE(slot_bytes(c, 5) == slot_bytes(before, 5));
-  EXPECT_TRUE(slot_bytes(c, 3) == slot_bytes(before, 3)) << "sequence 1 is padding: its destination is ignored";
+  const Ran r = run_checked(s);
+  EXPECT_TRUE(slot_bytes(r.after, 5) == slot_bytes(r.before, 5));
+  EXPECT_TRUE(slot_bytes(r.after, 3) == slot_bytes(r.before, 3)) << "sequence 1 is padding: its destination is ignored";
 }
 
 // A destination slot that only a padding or out-of-pool sequence names is nobody's read: allowed.
@@ -122,9 +123,7 @@ TEST(CpuStateUpdateDst, SlotsOfSequencesThatReadNothingDoNotConflict) {
   StateUpdateSpec s = dst_specs()[0];
   s.indices = {-1, 0, 2};
   s.dst = {0, 3, 5};  // sequence 0 is padding: its destination 0 is ignored, so sequence 1 may read slot 0
-  const StateUpdateCase before = make_state_update_case(s);
-  const StateUpdateCase c = run_ok(s);
-  expect_state_update_ok(c, before);
+  run_checked(s);
 }
 
 }  // namespace
