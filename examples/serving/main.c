@@ -8,7 +8,8 @@
  *      the third shares the system prompt, so it starts at position 32 (context_lens) from the cached block's
  *      slot instead of scanning the prefix again; every block boundary's state is written into the pool;
  *   3. decode steps (selscan_state_update) advance each request by one token per step, the batch padded to a
- *      fixed size with a pad_slot_id entry as a CUDA-graph replay would be;
+ *      fixed size with a pad_slot_id entry as a CUDA-graph replay would be; a token that opens a new block
+ *      reads the completed block's slot and writes the new block's (dst_state_batch_indices);
  *   4. a self-check: every output equals one plain selscan_fwd over each request's whole token sequence, and
  *      every completed block's slot holds the last_state of a scan truncated at that block.
  *
@@ -19,8 +20,7 @@
  * It runs on the CPU so it runs everywhere. The same calls run on CUDA with device pointers in every tensor
  * (pool, block table, cu_seqlens, context_lens and slot indices included), exec.device_kind =
  * SELSCAN_DEVICE_CUDA and exec.stream set: the engine keeps its bookkeeping (slot allocation) on the host, copies
- * the tables and indices to the device before each call, and the block copy in next_decode_slot becomes a
- * device-to-device cudaMemcpyAsync on the same stream. Serving calls on CUDA are opt-in for now
+ * the tables and indices to the device before each call. Serving calls on CUDA are opt-in for now
  * (SELSCAN_CUDA_SERVING=1, docs/serving.md, "Kernels and limits").
  */
 #include <selscan/selscan.h>
@@ -224,34 +224,34 @@ static int prefill(int first, int count, const selscan_exec_t* exec) {
 
 /* ------------------------------------------------------------------------------------------------- decode */
 
-/* The slot request r's state is advanced in for its token at `pos`. The state after pos tokens lives in the
- * slot of the block holding token pos-1. When token pos opens a new block, that block gets a fresh slot and the
- * state is copied into it, so the completed block's slot keeps the block's final state for prefix caching
- * (on CUDA this copy is a cudaMemcpyAsync on the decode stream). */
-static int32_t next_decode_slot(int32_t* row, int64_t pos) {
+/* Where request r's token at `pos` reads its state and where it writes the result. The state after pos tokens
+ * lives in the slot of the block holding token pos-1. When token pos opens a new block, that block gets a fresh
+ * slot: the step reads the completed block's slot and writes the new one (dst_state_batch_indices), so the
+ * completed block keeps its final state for prefix caching without a copy. Otherwise both are the same slot. */
+static void decode_slots(int32_t* row, int64_t pos, int32_t* src, int32_t* dst) {
   const int64_t block = pos / BLOCK;
   if (row[block] < 0) {
     assign_blocks(row, pos);
-    memcpy(pool[row[block]], pool[row[block - 1]], sizeof pool[0]);
-    printf("  token %lld opens block %lld: state copied from slot %d to slot %d\n", (long long)pos,
+    printf("  token %lld opens block %lld: state read from slot %d, written to slot %d\n", (long long)pos,
            (long long)block, (int)row[block - 1], (int)row[block]);
   }
-  return row[block];
+  *src = row[(pos - 1) / BLOCK];
+  *dst = row[block];
 }
 
 /* One decode step: every live request's next token, plus padding up to DECODE_BATCH entries. */
 static int decode_step(int step, const selscan_exec_t* exec) {
   float x[DECODE_BATCH][DIM] = {{0}}, dt[DECODE_BATCH][DIM] = {{0}}, z[DECODE_BATCH][DIM] = {{0}};
   float B[DECODE_BATCH][DSTATE] = {{0}}, C[DECODE_BATCH][DSTATE] = {{0}}, out[DECODE_BATCH][DIM];
-  int32_t slots[DECODE_BATCH];
+  int32_t slots[DECODE_BATCH], dst_slots[DECODE_BATCH];
 
   /* Gather each request's token into its batch entry; the rest of the batch is padding (no slot). */
   for (int e = 0; e < DECODE_BATCH; ++e) {
-    slots[e] = PAD_SLOT;
+    slots[e] = dst_slots[e] = PAD_SLOT;
     if (e >= NUM_LIVE) continue;
     request* r = &reqs[FIRST_LIVE + e];
     const int64_t pos = r->cached + r->prompt + step;
-    slots[e] = next_decode_slot(block_table[FIRST_LIVE + e], pos);
+    decode_slots(block_table[FIRST_LIVE + e], pos, &slots[e], &dst_slots[e]);
     for (int d = 0; d < DIM; ++d) {
       x[e][d] = r->in.u[d][pos];
       dt[e][d] = r->in.delta[d][pos];
@@ -276,12 +276,16 @@ static int decode_step(int step, const selscan_exec_t* exec) {
   /* The same pool the prefill wrote; each entry names its slot, -1 marks the padding entry. */
   a.state = tensor(pool, SELSCAN_DTYPE_FLOAT32, 3, SIZES(SLOTS, DIM, DSTATE), SIZES(DIM * DSTATE, DSTATE, 1));
   a.state_batch_indices = tensor(slots, SELSCAN_DTYPE_INT32, 1, SIZES(DECODE_BATCH), SIZES(1));
+  /* Where each updated state goes: the same slot, or the new block's when the token opens one. */
+  a.dst_state_batch_indices = tensor(dst_slots, SELSCAN_DTYPE_INT32, 1, SIZES(DECODE_BATCH), SIZES(1));
   a.pad_slot_id = PAD_SLOT; /* already -1 from the INIT macro; set anyway, as an engine should */
   a.out = tensor(out, SELSCAN_DTYPE_FLOAT32, 2, SIZES(DECODE_BATCH, DIM), SIZES(DIM, 1));
   if (!ok(selscan_state_update(&a, exec), "selscan_state_update (decode)")) return 0;
 
-  printf("  step %d: slots [", step);
+  printf("  step %d: slots read [", step);
   for (int e = 0; e < DECODE_BATCH; ++e) printf(e ? " %2d" : "%2d", (int)slots[e]);
+  printf("], written [");
+  for (int e = 0; e < DECODE_BATCH; ++e) printf(e ? " %2d" : "%2d", (int)dst_slots[e]);
   printf("]\n");
   for (int e = 0; e < NUM_LIVE; ++e) {
     request* r = &reqs[FIRST_LIVE + e];
