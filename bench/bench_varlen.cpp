@@ -3,6 +3,10 @@
 // tokens (counter tokens_per_s), so the ratio is what packing saves. Sections, by name prefix:
 //   gpu_varlen/{fwd_infer,bwd}/packed/<mix>   selscan_fwd (out, out_z, last_state) / selscan_bwd on the packed call
 //   gpu_varlen/{fwd_infer,bwd}/padded/<mix>   the dense call over the padded batch
+//   gpu_varlen/fwd_infer/pool/<mix>           the packed forward with a state pool (ssm_states, cache_indices)
+//                                             in place of last_state
+//   gpu_varlen/fwd_infer/blocks256/<mix>      the same with block-wise state caching, K = 256 (state_block_size,
+//                                             block_table): what writing every block's state costs over pool/
 // Mixes: lengths drawn from a fixed list (no randomness between runs); D = 5120 (Mamba-2.8b), N = 16, bf16,
 // variable B/C with one group, D, z, delta_bias, softplus. Environment: SELSCAN_BENCH_DEVICE as bench_gpu.cpp.
 #if SELSCAN_WITH_CUDA
@@ -50,7 +54,13 @@ struct Buffers {
   }
 };
 
-void run(benchmark::State& state, std::vector<int64_t> lens, bool packed, bool bwd) {
+// How the sequences are passed: padded to the longest (dense), packed, packed with a state pool, packed with a
+// state pool and block-wise state caching.
+enum class Layout { padded, packed, pool, blocks };
+constexpr int64_t kBlock = 256;
+
+void run(benchmark::State& state, std::vector<int64_t> lens, Layout layout, bool bwd) {
+  const bool packed = layout != Layout::padded;
   int dev = 0;
   if (const char* env = std::getenv("SELSCAN_BENCH_DEVICE")) dev = std::atoi(env);
   int32_t count = 0;
@@ -80,7 +90,29 @@ void run(benchmark::State& state, std::vector<int64_t> lens, bool packed, bool b
   f.delta_softplus = 1;
   f.out = contiguous_desc(m.alloc(io, 0), bf, shape);
   f.out_z = contiguous_desc(m.alloc(io, 0), bf, shape);
-  f.last_state = contiguous_desc(m.alloc(static_cast<size_t>(Bt * kDim * kN) * 4, 0), f32, {Bt, kDim, kN});
+  if (layout == Layout::pool || layout == Layout::blocks) {
+    // One slot per sequence (pool) or per K-token block of each sequence (blocks), in order.
+    std::vector<int32_t> slots;
+    int64_t cols = 1, S = 0;
+    for (int64_t len : lens) cols = std::max(cols, layout == Layout::blocks ? (len + kBlock - 1) / kBlock : 1);
+    for (int64_t len : lens) {
+      const int64_t used = layout == Layout::blocks ? (len + kBlock - 1) / kBlock : 1;
+      for (int64_t j = 0; j < cols; ++j) slots.push_back(j < used ? static_cast<int32_t>(S + j) : -1);
+      S += used;
+    }
+    f.ssm_states = contiguous_desc(m.alloc(static_cast<size_t>(S * kDim * kN) * 4, 0), f32, {S, kDim, kN});
+    void* d = m.alloc(slots.size() * 4, 0);
+    if (m.err == cudaSuccess) m.err = cudaMemcpy(d, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice);
+    f.pad_slot_id = -1;
+    if (layout == Layout::blocks) {
+      f.state_block_size = kBlock;
+      f.block_table = contiguous_desc(d, SELSCAN_DTYPE_INT32, {Bt, cols});
+    } else {
+      f.cache_indices = contiguous_desc(d, SELSCAN_DTYPE_INT32, {Bt});
+    }
+  } else {
+    f.last_state = contiguous_desc(m.alloc(static_cast<size_t>(Bt * kDim * kN) * 4, 0), f32, {Bt, kDim, kN});
+  }
   if (packed) {
     std::vector<int32_t> cu(static_cast<size_t>(Bt + 1), 0);
     for (int64_t b = 0; b < Bt; ++b) cu[static_cast<size_t>(b + 1)] = cu[static_cast<size_t>(b)] + static_cast<int32_t>(lens[static_cast<size_t>(b)]);
@@ -151,16 +183,20 @@ const std::vector<int64_t> kSkewed = mix({48, 112, 2000, 64, 300, 96, 32, 800}, 
 const std::vector<int64_t> kSpread = mix({256, 384, 512, 640, 768, 896, 1024, 128}, 32);
 
 int register_all() {
+  const std::pair<Layout, const char*> layouts[] = {
+      {Layout::packed, "packed/"}, {Layout::padded, "padded/"}, {Layout::pool, "pool/"}, {Layout::blocks, "blocks256/"}};
   for (bool bwd : {false, true})
-    for (bool packed : {true, false})
+    for (const auto& [layout, tag] : layouts) {
+      if (bwd && (layout == Layout::pool || layout == Layout::blocks)) continue;  // forward-only serving rows
       for (const auto& m : {std::make_pair("skewed32", &kSkewed), std::make_pair("spread32", &kSpread)}) {
-        const std::string name = std::string("gpu_varlen/") + (bwd ? "bwd" : "fwd_infer") + "/" +
-                                 (packed ? "packed/" : "padded/") + m.first;
+        const std::string name = std::string("gpu_varlen/") + (bwd ? "bwd" : "fwd_infer") + "/" + tag + m.first;
         const std::vector<int64_t> lens = *m.second;
-        benchmark::RegisterBenchmark(name.c_str(), [lens, packed, bwd](benchmark::State& st) {
-          run(st, lens, packed, bwd);
+        const Layout lay = layout;
+        benchmark::RegisterBenchmark(name.c_str(), [lens, lay, bwd](benchmark::State& st) {
+          run(st, lens, lay, bwd);
         })->UseManualTime()->Unit(benchmark::kMillisecond);
       }
+    }
   return 0;
 }
 const int kRegistered = register_all();
