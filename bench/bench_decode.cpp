@@ -3,7 +3,8 @@
 //
 // Rows: decode/<device>/<state dtype>[_pool]/Bt=<batch>, Mamba-1 form as Mamba's step() calls it (bf16 x, dt,
 // z, B, C; fp32 A, D, dt_bias; softplus). "_pool": the sequences' slots are scattered over the pool through
-// int32 state_batch_indices (continuous batching), instead of slots 0..Bt-1 of a window.
+// int32 state_batch_indices (continuous batching), instead of slots 0..Bt-1 of a window; "_pool_dst": the same,
+// each state written to another slot (dst_state_batch_indices).
 //
 // Floor: the state is read and written once, 2 * Bt * D * N * sizeof(state) bytes, at the device-to-device
 // copy bandwidth measured here (read + write counted, as gpu_copy/d2d). The other inputs (x, dt, z, B, C, out:
@@ -54,9 +55,10 @@ double call_bytes(int64_t batch, selscan_dtype_t state_dtype, selscan_dtype_t it
          2.0 * static_cast<double>(batch * kDstate * dtype_size(itype)) + 4.0 * kDim * kDstate + 8.0 * kDim;
 }
 
-// The call's struct over a state pool: sequences use slots [first, first + Bt), or the slots in `idx`.
+// The call's struct over a state pool: sequences use slots [first, first + Bt), or the slots in `idx` (and
+// write the slots in `dst` when it is given).
 selscan_state_update_args_t decode_args(void* const* in, void* state, int64_t slots, selscan_dtype_t state_dtype,
-                                        int64_t batch, int64_t first, void* idx, void* out) {
+                                        int64_t batch, int64_t first, void* idx, void* out, void* dst = nullptr) {
   const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16;
   selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
   a.x = contiguous_desc(in[0], it, {batch, kDim});
@@ -73,6 +75,7 @@ selscan_state_update_args_t decode_args(void* const* in, void* state, int64_t sl
   if (idx != nullptr) {
     a.state = contiguous_desc(state, state_dtype, {slots, kDim, kDstate});
     a.state_batch_indices = contiguous_desc(idx, SELSCAN_DTYPE_INT32, {batch});
+    if (dst != nullptr) a.dst_state_batch_indices = contiguous_desc(dst, SELSCAN_DTYPE_INT32, {batch});
   } else {
     unsigned char* window = static_cast<unsigned char*>(state) + first * slot_elems * dtype_size(state_dtype);
     a.state = contiguous_desc(window, state_dtype, {batch, kDim, kDstate});
@@ -199,7 +202,7 @@ double copy_bandwidth() {
   return bw;
 }
 
-void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool) {
+void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool, bool dst) {
   DeviceBuffers dev;
   HostInputs in(batch);
   void* ptrs[8];
@@ -236,8 +239,10 @@ void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool
   }
   std::vector<selscan_state_update_args_t> args;
   for (int64_t w = 0; w < windows; ++w)
+    // dst: read this window's slots, write the next window's (as many bytes as in place, other addresses).
     args.push_back(decode_args(ptrs, state, slots, sd, batch, w * batch,
-                               pool ? static_cast<int32_t*>(idx) + w * batch : nullptr, out));
+                               pool ? static_cast<int32_t*>(idx) + w * batch : nullptr, out,
+                               dst ? static_cast<int32_t*>(idx) + (w + 1) % windows * batch : nullptr));
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -299,14 +304,15 @@ const bool registered = [] {
   const struct {
     const char* name;
     selscan_dtype_t sd;
-    bool pool;
-  } rows[] = {{"fp32", SELSCAN_DTYPE_FLOAT32, false},
-              {"fp32_pool", SELSCAN_DTYPE_FLOAT32, true},
-              {"bf16", SELSCAN_DTYPE_BFLOAT16, false}};
+    bool pool, dst;
+  } rows[] = {{"fp32", SELSCAN_DTYPE_FLOAT32, false, false},
+              {"fp32_pool", SELSCAN_DTYPE_FLOAT32, true, false},
+              {"fp32_pool_dst", SELSCAN_DTYPE_FLOAT32, true, true},
+              {"bf16", SELSCAN_DTYPE_BFLOAT16, false, false}};
   for (const auto& r : rows)
     for (int64_t bt : kBatches)
       benchmark::RegisterBenchmark(("decode/cuda/" + std::string(r.name) + "/Bt=" + std::to_string(bt)).c_str(),
-                                   run_cuda, bt, r.sd, r.pool)
+                                   run_cuda, bt, r.sd, r.pool, r.dst)
           ->UseManualTime()
           // A fixed count: each iteration is a batch of kCalls steps behind a copy that keeps the GPU busy and
           // ends in a synchronisation, so it costs ~100x the per-step time it reports; left to itself the library
