@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checker.h"
+#include "serving_index.h"
 
 namespace selscan {
 namespace {
@@ -541,18 +542,6 @@ Status make_bwd_problem(const selscan_bwd_args_t* args, Problem* out) {
 }
 
 namespace {
-// Entry i of a 1-D int32 / int64 view.
-int64_t entry(const View& v, bool i64, int64_t i) {
-  return i64 ? static_cast<const int64_t*>(v.p)[i * v.s[0]] : static_cast<const int32_t*>(v.p)[i * v.s[0]];
-}
-}  // namespace
-
-namespace {
-// Entry [b][j] of the (batch, M) block table.
-int64_t table_entry(const Problem& p, int64_t b, int64_t j) {
-  const int64_t i = b * p.block_table.s[0] + j * p.block_table.s[1];
-  return p.table_i64 ? static_cast<const int64_t*>(p.block_table.p)[i] : static_cast<const int32_t*>(p.block_table.p)[i];
-}
 
 // Block-wise state caching: every entry a sequence reads is a slot of the pool (or pad_slot_id where allowed), the
 // table is wide enough, and no slot is written twice or written by one sequence while another starts from it.
@@ -564,8 +553,8 @@ Status check_host_blocks(const Problem& p) {
   };
   std::vector<Use> uses;
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t len = p.varlen ? entry(p.cu_seqlens, p.cu_i64, b + 1) - entry(p.cu_seqlens, p.cu_i64, b) : p.seqlen;
-    const int64_t ctx = p.context_lens.present() ? entry(p.context_lens, p.ctx_i64, b) : 0;
+    const int64_t len = p.varlen ? index_entry(p.cu_seqlens, p.cu_i64, b + 1) - index_entry(p.cu_seqlens, p.cu_i64, b) : p.seqlen;
+    const int64_t ctx = context_len(p, b);
     if (ctx < 0)
       return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                   fmt::format("context_lens[{}]: expected >= 0 (tokens before this call), got {}", b, ctx));
@@ -589,9 +578,7 @@ Status check_host_blocks(const Problem& p) {
     };
     const int64_t fin = table_entry(p, b, last);
     if (fin == p.pad_slot_id) continue;  // padding: nothing read or written
-    if (ctx > 0 && (!p.has_init.present() ||
-                    (p.init_i32 ? static_cast<const int32_t*>(p.has_init.p)[b * p.has_init.s[0]] != 0
-                                : static_cast<const unsigned char*>(p.has_init.p)[b * p.has_init.s[0]] != 0))) {
+    if (ctx > 0 && has_initial_state(p, b)) {
       const int64_t j = (ctx - 1) / K, v = table_entry(p, b, j);
       if (v == p.pad_slot_id)
         return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
@@ -641,12 +628,12 @@ Status check_host_blocks(const Problem& p) {
 
 Status check_host_serving(const Problem& p) {
   if (p.varlen) {
-    const int64_t first = entry(p.cu_seqlens, p.cu_i64, 0), last = entry(p.cu_seqlens, p.cu_i64, p.batch);
+    const int64_t first = index_entry(p.cu_seqlens, p.cu_i64, 0), last = index_entry(p.cu_seqlens, p.cu_i64, p.batch);
     if (first != 0)
       return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                   fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t lo = entry(p.cu_seqlens, p.cu_i64, b), hi = entry(p.cu_seqlens, p.cu_i64, b + 1);
+      const int64_t lo = index_entry(p.cu_seqlens, p.cu_i64, b), hi = index_entry(p.cu_seqlens, p.cu_i64, b + 1);
       if (hi < lo)
         return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
                     fmt::format("cu_seqlens: must be non-decreasing, got cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", b,
@@ -661,7 +648,7 @@ Status check_host_serving(const Problem& p) {
   if (p.cache_indices.present() && p.ssm_states.present()) {
     std::vector<std::pair<int64_t, int64_t>> used;  // (slot, sequence)
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t v = entry(p.cache_indices, p.idx_i64, b);
+      const int64_t v = index_entry(p.cache_indices, p.idx_i64, b);
       if (v == p.pad_slot_id) continue;
       if (v < 0 || v >= p.slots)
         return fail(SELSCAN_STATUS_INVALID_ARGUMENT,

@@ -3,13 +3,10 @@
 #include <vector>
 
 #include "common.h"
+#include "serving_index.h"
 
 namespace selscan::cpu {
 namespace {
-
-int64_t entry(const View& v, bool i64, int64_t i) {
-  return i64 ? static_cast<const int64_t*>(v.p)[i * v.s[0]] : static_cast<const int32_t*>(v.p)[i * v.s[0]];
-}
 
 int64_t itype_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
 
@@ -18,16 +15,6 @@ View shifted(const View& v, int64_t elems, int64_t bytes) {
   View r = v;
   if (r.present()) r.p = static_cast<char*>(r.p) + elems * bytes;
   return r;
-}
-
-bool flag(const View& v, bool i32, int64_t i) {
-  return i32 ? static_cast<const int32_t*>(v.p)[i * v.s[0]] != 0
-             : static_cast<const unsigned char*>(v.p)[i * v.s[0]] != 0;
-}
-
-int64_t table_entry(const Problem& p, int64_t b, int64_t j) {
-  const int64_t i = b * p.block_table.s[0] + j * p.block_table.s[1];
-  return p.table_i64 ? static_cast<const int64_t*>(p.block_table.p)[i] : static_cast<const int32_t*>(p.block_table.p)[i];
 }
 
 }  // namespace
@@ -43,21 +30,21 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
   s.row = p.varlen ? 0 : b;
   int64_t len = p.seqlen;
   if (p.varlen) {
-    s.start = entry(p.cu_seqlens, p.cu_i64, b);
-    len = entry(p.cu_seqlens, p.cu_i64, b + 1) - s.start;
+    s.start = index_entry(p.cu_seqlens, p.cu_i64, b);
+    len = index_entry(p.cu_seqlens, p.cu_i64, b + 1) - s.start;
   }
-  const int64_t slot = p.cache_indices.present() ? entry(p.cache_indices, p.idx_i64, b) : b;
+  const int64_t slot = p.cache_indices.present() ? index_entry(p.cache_indices, p.idx_i64, b) : b;
   s.pad = p.cache_indices.present() && slot == p.pad_slot_id;
-  bool init = !p.has_init.present() || flag(p.has_init, p.init_i32, b);
+  bool init = has_initial_state(p, b);
   // Block mode: the final state's block decides padding; a sequence resumes from the block before its first token.
   View first_slot{}, last_slot{};
   if (p.block_size > 0) {
     s.block = p.block_size;
-    s.ctx = p.context_lens.present() ? entry(p.context_lens, p.ctx_i64, b) : 0;
+    s.ctx = context_len(p, b);
     init = init && s.ctx > 0 && len > 0;
     if (len > 0) {
-      s.pad = table_entry(p, b, seq_block_last(s.ctx, len, s.block)) == p.pad_slot_id;
-      if (!s.pad) last_slot = block_slot(p, b, seq_block_last(s.ctx, len, s.block));
+      last_slot = block_slot(p, b, seq_block_last(s.ctx, len, s.block));
+      s.pad = !last_slot.present();  // the final state's entry is pad_slot_id
       if (!s.pad && init) first_slot = block_slot(p, b, (s.ctx - 1) / s.block);
     }
   }
