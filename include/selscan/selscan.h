@@ -8,6 +8,7 @@
  *   4. the execution context (device, stream, workspace)
  *   5. forward and backward argument structs
  *   5b. the decode step: its argument struct and entry point (selscan_state_update)
+ *   5c. the causal depthwise convolution (causal-conv1d): forward, backward, decode update
  *   6. entry points
  *
  * Conventions
@@ -37,10 +38,10 @@
 
 /* ---------------------------------------------------------------------------------------------- 1 */
 #define SELSCAN_VERSION_MAJOR 0
-#define SELSCAN_VERSION_MINOR 4
+#define SELSCAN_VERSION_MINOR 5
 #define SELSCAN_VERSION_PATCH 0
 #define SELSCAN_VERSION (SELSCAN_VERSION_MAJOR * 10000 + SELSCAN_VERSION_MINOR * 100 + SELSCAN_VERSION_PATCH)
-#define SELSCAN_VERSION_STRING "0.4.0" /* the three numbers above, as selscan_version_string() returns them */
+#define SELSCAN_VERSION_STRING "0.5.0" /* the three numbers above, as selscan_version_string() returns them */
 
 #if defined(_WIN32)
 #  if defined(SELSCAN_BUILDING_LIBRARY)
@@ -348,6 +349,144 @@ typedef struct selscan_state_update_args_t {
 /* The decode step. All tensors live on exec's device; exec's workspace is not used. Asynchronous on CUDA. */
 SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,
                                                   const selscan_exec_t* exec);
+
+/* --------------------------------------------------------------------------------------------- 5c */
+/*
+ * The causal depthwise convolution (since 0.5): causal-conv1d's causal_conv1d_fn, its backward and
+ * causal_conv1d_update, the convolution every Mamba block runs right before the scan.
+ *
+ * Shapes (Bt = batch, D = dim, L = seqlen, W = width in {2, 3, 4}):
+ *   x, out, dout, dx                                  (Bt, D, L)    itype = FLOAT32 | FLOAT16 | BFLOAT16 (x's),
+ *                                                                   any strides; channel-first (stride 1 over
+ *                                                                   L) and channel-last (stride 1 over D) are
+ *                                                                   the fast layouts
+ *   weight, dweight                                   (D, W)        wtype = FLOAT32 or itype (weight's); dweight
+ *                                                                   FLOAT32 or wtype; any strides
+ *   bias, dbias                                       (D,)          wtype (dbias: FLOAT32 or wtype)
+ *   initial_states, final_states, dinitial_states,
+ *   dfinal_states                                     (Bt, D, W-1)  itype, any strides
+ *   seq_idx                                           (Bt, L)       INT32, any strides
+ * Math, in fp32, per sequence b, channel d, time t; xe(t) is x[b,d,t] for t >= 0 and, for t < 0,
+ * initial_states[b,d,W-1+t] (0 without initial_states):
+ *   y[b,d,t] = bias[d] + sum_{k<W} weight[d,k] * xe(t-(W-1)+k);  out = y, or y * sigmoid(y) with SILU
+ *   final_states[b,d,j] = xe(L-(W-1)+j)   (the last W-1 inputs; initial states, or 0, where L < W-1)
+ * seq_idx (upstream's packing inside a batch row): a term whose position t' = t-(W-1)+k has t' < 0 or
+ * seq_idx[b,t'] != seq_idx[b,t] is 0; a position with seq_idx < 0 is padding (out 0, no gradient). Not with
+ * initial_states, final_states or cu_seqlens (INVALID_ARGUMENT).
+ *
+ * Serving, as the scan's (fields after `final_states`; all absent/0 is the call above):
+ *   cu_seqlens (Bt+1,) INT32 or INT64: Bt sequences packed along time; x, out, dout, dx are (1, D, total_L);
+ *     sequence b is time [cu[b], cu[b+1]) and is convolved on its own; initial_states, final_states and their
+ *     gradients stay (Bt, D, W-1), one row per sequence. Contract as the scan's (checked for CPU calls; on
+ *     CUDA read on the device, clamped into [0, total_L]).
+ *   conv_states (S, D, state_len) itype, state_len >= W-1, read and written in place (forward only): sequence b
+ *     starts from the last W-1 columns of slot cache_indices[b] (slot b without cache_indices, then S = Bt) and
+ *     leaves there its last state_len inputs: column j becomes xe(len_b - state_len + j) (older columns of the
+ *     slot shift left, zeros where the sequence started from zero). Not with initial_states or final_states.
+ *   cache_indices (Bt,) INT32 or INT64 with pad_slot_id, and has_initial_state (Bt,) BOOL or INT32: as the
+ *     scan's (a padding sequence's out is 0 and no slot is touched; 0 starts sequence b from zero).
+ *
+ * The decode update (selscan_conv1d_update), causal_conv1d_update: T >= 1 new tokens per sequence.
+ *   x, out        (Bt, D) or (Bt, D, T)   itype, any strides
+ *   conv_state    (S, D, state_len)       itype or FLOAT32, state_len >= W-1, read and written in place
+ *   weight, bias  as above
+ *   cache_seqlens (Bt,) INT32 or INT64, optional: the state is a circular buffer; sequence b's tokens go to
+ *     columns (cache_seqlens[b] + i) mod state_len, and the W-1 inputs before them are read from the columns
+ *     before. Without it the state shifts left by T and the tokens fill its last columns.
+ *   conv_state_indices (Bt,) INT32 or INT64, optional, with pad_slot_id: sequence b uses slot idx[b]; an entry
+ *     equal to pad_slot_id is padding (out 0, no slot touched). Without it S = Bt. On CUDA an entry outside
+ *     [0, S) writes NaN to that sequence's out and touches no slot (CPU calls reject it).
+ *
+ * Backward: dx, dweight, dbias (iff bias), dinitial_states (optional, only with initial_states) are overwritten;
+ * dfinal_states (optional) is the gradient flowing into final_states. deterministic = 1 makes dweight and
+ * dbias bitwise reproducible (fixed-order sums). CUDA backward calls need the workspace that
+ * selscan_conv1d_bwd_workspace_size reports (0 on CPU).
+ */
+typedef enum selscan_activation_t {
+  SELSCAN_ACTIVATION_NONE = 0,
+  SELSCAN_ACTIVATION_SILU = 1 /* y * sigmoid(y); causal-conv1d's "silu" and "swish" */
+} selscan_activation_t;
+
+typedef struct selscan_conv1d_fwd_args_t {
+  size_t struct_size;              /* sizeof(selscan_conv1d_fwd_args_t) */
+  /* inputs */
+  selscan_tensor_t x;              /* (Bt, D, L) */
+  selscan_tensor_t weight;         /* (D, W) */
+  selscan_tensor_t bias;           /* optional (D,) */
+  selscan_tensor_t seq_idx;        /* optional (Bt, L) INT32 */
+  selscan_tensor_t initial_states; /* optional (Bt, D, W-1) */
+  int32_t activation;              /* selscan_activation_t */
+  int32_t flags;                   /* reserved, must be 0 */
+  /* outputs */
+  selscan_tensor_t out;            /* required, like x */
+  selscan_tensor_t final_states;   /* optional (Bt, D, W-1) */
+  /* serving (see above) */
+  selscan_tensor_t cu_seqlens;        /* optional (Bt+1,) INT32/INT64 */
+  selscan_tensor_t conv_states;       /* optional, in place: pool (S, D, state_len) */
+  selscan_tensor_t cache_indices;     /* optional (Bt,) INT32/INT64 */
+  selscan_tensor_t has_initial_state; /* optional (Bt,) BOOL/INT32 */
+  int64_t pad_slot_id;                /* with cache_indices (SELSCAN_CONV1D_FWD_ARGS_INIT: -1) */
+} selscan_conv1d_fwd_args_t;
+
+#define SELSCAN_CONV1D_FWD_ARGS_INIT                                                                          \
+  {sizeof(selscan_conv1d_fwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,         \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                  \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, -1}
+
+typedef struct selscan_conv1d_bwd_args_t {
+  size_t struct_size;              /* sizeof(selscan_conv1d_bwd_args_t) */
+  /* the forward's inputs, as given to selscan_conv1d_fwd */
+  selscan_tensor_t x, weight, bias, seq_idx, initial_states;
+  int32_t activation;              /* selscan_activation_t */
+  int32_t deterministic;           /* 1: bitwise-reproducible dweight / dbias */
+  selscan_tensor_t cu_seqlens;     /* optional, as in the forward */
+  /* gradients in */
+  selscan_tensor_t dout;           /* like x */
+  selscan_tensor_t dfinal_states;  /* optional (Bt, D, W-1) */
+  /* gradients out: overwritten */
+  selscan_tensor_t dx;             /* required, like x */
+  selscan_tensor_t dweight;        /* required (D, W) */
+  selscan_tensor_t dbias;          /* required iff bias */
+  selscan_tensor_t dinitial_states;/* optional, only with initial_states */
+  int32_t flags;                   /* reserved, must be 0 */
+  int32_t reserved;                /* must be 0 */
+} selscan_conv1d_bwd_args_t;
+
+#define SELSCAN_CONV1D_BWD_ARGS_INIT                                                                          \
+  {sizeof(selscan_conv1d_bwd_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,         \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,                  \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,   \
+   0, 0}
+
+typedef struct selscan_conv1d_update_args_t {
+  size_t struct_size;                  /* sizeof(selscan_conv1d_update_args_t) */
+  /* inputs */
+  selscan_tensor_t x;                  /* (Bt, D) or (Bt, D, T) */
+  selscan_tensor_t weight;             /* (D, W) */
+  selscan_tensor_t bias;               /* optional (D,) */
+  selscan_tensor_t cache_seqlens;      /* optional (Bt,) INT32/INT64: circular buffer positions */
+  selscan_tensor_t conv_state_indices; /* optional (Bt,) INT32/INT64: the slot of each sequence */
+  int64_t pad_slot_id;                 /* the index entry that means padding (INIT: -1) */
+  int32_t activation;                  /* selscan_activation_t */
+  int32_t flags;                       /* reserved, must be 0 */
+  /* in and out */
+  selscan_tensor_t conv_state;         /* (S, D, state_len), updated in place */
+  /* output */
+  selscan_tensor_t out;                /* like x */
+} selscan_conv1d_update_args_t;
+
+#define SELSCAN_CONV1D_UPDATE_ARGS_INIT                                                                       \
+  {sizeof(selscan_conv1d_update_args_t), SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT,      \
+   SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT, -1, 0, 0, SELSCAN_TENSOR_INIT, SELSCAN_TENSOR_INIT}
+
+/* All tensors live on exec's device; asynchronous on CUDA (stream order). The forward and the update need no
+ * workspace; the backward needs selscan_conv1d_bwd_workspace_size's bytes on CUDA. */
+SELSCAN_API selscan_status_t selscan_conv1d_fwd(const selscan_conv1d_fwd_args_t* args, const selscan_exec_t* exec);
+SELSCAN_API selscan_status_t selscan_conv1d_bwd_workspace_size(const selscan_conv1d_bwd_args_t* args,
+                                                               const selscan_exec_t* exec, size_t* bytes);
+SELSCAN_API selscan_status_t selscan_conv1d_bwd(const selscan_conv1d_bwd_args_t* args, const selscan_exec_t* exec);
+SELSCAN_API selscan_status_t selscan_conv1d_update(const selscan_conv1d_update_args_t* args,
+                                                   const selscan_exec_t* exec);
 
 /* ---------------------------------------------------------------------------------------------- 6 */
 /* SELSCAN_VERSION_STRING of the loaded library, e.g. "0.4.0" */
