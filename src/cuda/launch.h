@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "conv1d.h"
 #include "cuda/plans.h"
 #include "errors.h"
 #include "problem.h"
@@ -24,5 +25,11 @@ struct Launch {
 // error string) after checking cudaGetLastError() after each launch.
 Status launch_fwd(const Problem& p, const FwdPlan& plan, const Launch& l);
 Status launch_bwd(const Problem& p, const BwdPlan& plan, const Launch& l);
+
+// The causal conv1d (kernels/conv1d/): the plan's kernels on l.stream; the backward's partial sums live in
+// l.workspace (plan.workspace bytes). Same contract as above.
+Status launch_conv1d_fwd(const Conv1d& p, const Conv1dPlan& plan, const Launch& l);
+Status launch_conv1d_bwd(const Conv1d& p, const Conv1dPlan& plan, const Launch& l);
+Status launch_conv1d_update(const Conv1dUpdate& p, const Conv1dPlan& plan, const Launch& l);
 
 }  // namespace selscan::cuda

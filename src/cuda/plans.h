@@ -209,4 +209,34 @@ struct BwdPlan {
   size_t zero_bytes = 0;     // bytes from off_vb that start at 0 (the atomically summed images), or 0
 };
 
+// ---------------------------------------------------------------- causal depthwise conv1d (kernels/conv1d/)
+// Which kernel serves a conv1d call and its launch shape; filled by plan_conv1d_* (src/cuda/select.cpp).
+namespace conv1d {
+// Time steps (channel-first) or channels (channel-last) a thread owns: 16 bytes of a 16-bit itype, 32 of fp32.
+constexpr int kItems = 8;
+constexpr int kThreads = 128;  // threads per block of the main kernels
+// Channel-last kernels: a block is kClLanes threads along channels (kClLanes * kItems channels) by
+// kThreads / kClLanes time groups, each walking `chunk` steps.
+constexpr int kClLanes = 32;
+}  // namespace conv1d
+
+enum class Conv1dKernel : int {
+  rows,    // channel-first: a thread owns kItems consecutive steps of a row; also any strides (vec off): generic
+  cl,      // channel-last: a thread owns kItems consecutive channels and walks a chunk of time
+  update,  // the decode update: a thread per (sequence, channel)
+};
+
+struct Conv1dPlan {
+  Conv1dKernel kernel = Conv1dKernel::rows;
+  bool vec = false;          // 16-byte loads and stores of x, out (dout, dx): unit stride, aligned bases and strides
+  int threads = conv1d::kThreads;  // per block
+  int row_threads = 0;       // rows: threads per row segment (a power of two <= threads); cl: threads along channels
+  int64_t chunk = 0;         // rows: steps per segment (row_threads * kItems); cl: steps a thread walks
+  int64_t tiles = 0;         // rows: segments per row; cl: time tiles of a block (chunk * time groups steps each)
+  int64_t blocks = 0;        // grid.x (<= 2^31 - 1)
+  bool states = false;       // forward: the states kernel follows (final_states, conv_states); backward: dinitial
+  int64_t parts = 0;         // backward: partial sums of dweight/dbias per channel, summed in order by the finalize
+  size_t workspace = 0;      // backward: bytes (the partials); 0 otherwise
+};
+
 }  // namespace selscan::cuda

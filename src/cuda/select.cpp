@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "selscan/selscan.h"
@@ -286,6 +287,111 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
     off = align_up(off + pl.ts.ck_bytes);
   }
   pl.total = off;
+  *out = pl;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+// ------------------------------------------------------------------------------------------- conv1d
+// The causal conv1d's kernels (kernels/conv1d/): a row kernel for channel-first tensors (and, without vector IO, any
+// strides), a channel-last kernel, the decode update. validation/optimisation-log.md ("conv1d") has the reasoning.
+namespace {
+
+// Channel-last: the longest per-thread walk (steps; multiples of the kernel's 4-step unroll) that still gives the
+// grid this many threads per SM. Each thread keeps 4 16-byte loads in flight, so a quarter of full occupancy keeps
+// enough bytes moving (design choice; the halo a walk re-reads is 3 / chunk of x).
+constexpr int64_t kConv1dClThreadsPerSm = 1024;
+constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8};
+
+int64_t conv1d_esize(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
+
+// 16-byte IO of kItems consecutive elements along the unit-stride dim of `v` (a (rows, D, L) tensor of dtype t):
+// base and every stride of a dim of size > 1 but `unit` on 16-byte boundaries.
+bool conv1d_vec16(const View& v, Dtype t, const int64_t (&sizes)[3], int unit) {
+  const uint64_t e = static_cast<uint64_t>(conv1d_esize(t));
+  if (reinterpret_cast<uintptr_t>(v.p) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if (i != unit && sizes[i] > 1 && (static_cast<uint64_t>(v.s[i]) * e) % 16 != 0) return false;
+  return true;
+}
+
+// The views the main kernel streams: x and out (forward), x, dout and dx (backward).
+bool conv1d_vec_ok(const Conv1d& p, bool bwd, int unit) {
+  const int64_t sizes[3] = {p.rows(), p.dim, p.seqlen};
+  if (unit == 1 && p.dim % cuda::conv1d::kItems != 0) return false;
+  if (!conv1d_vec16(p.x, p.itype, sizes, unit)) return false;
+  if (!bwd) return conv1d_vec16(p.out, p.itype, sizes, unit);
+  return conv1d_vec16(p.dout, p.itype, sizes, unit) && conv1d_vec16(p.dx, p.itype, sizes, unit);
+}
+
+// The main kernel's shape; false when its grid would exceed CUDA's.
+bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan* pl) {
+  using namespace cuda::conv1d;
+  const int64_t rows = p.rows();
+  pl->threads = kThreads;
+  if (p.layout == Layout::channel_last) {
+    pl->kernel = Conv1dKernel::cl;
+    pl->vec = conv1d_vec_ok(p, bwd, 1);
+    pl->row_threads = kClLanes;
+    const int64_t groups = kThreads / kClLanes;  // time groups of a block
+    const int64_t lanes = rows * ceil_div(p.dim, kItems);
+    pl->chunk = kConv1dClChunks[std::size(kConv1dClChunks) - 1];
+    for (int64_t c : kConv1dClChunks)
+      if (lanes * ceil_div(p.seqlen, c) >= kConv1dClThreadsPerSm * std::max(dev.sms, 1)) {
+        pl->chunk = c;
+        break;
+      }
+    pl->tiles = ceil_div(p.seqlen, pl->chunk * groups);
+    pl->blocks = rows * ceil_div(p.dim, kClLanes * kItems) * pl->tiles;
+  } else {
+    pl->kernel = Conv1dKernel::rows;
+    pl->vec = p.layout == Layout::channel_first && conv1d_vec_ok(p, bwd, 2);
+    int rt = 1;
+    while (rt < kThreads && rt * kItems < p.seqlen) rt *= 2;
+    pl->row_threads = rt;
+    pl->chunk = static_cast<int64_t>(rt) * kItems;
+    pl->tiles = ceil_div(p.seqlen, pl->chunk);
+    pl->blocks = ceil_div(rows * p.dim, kThreads / rt) * pl->tiles;
+  }
+  return pl->blocks <= kMaxGridBlocks;
+}
+
+Status conv1d_too_many_blocks(const char* what, int64_t blocks) {
+  return fail(SELSCAN_STATUS_UNSUPPORTED, std::string(what) + ": the call needs " + std::to_string(blocks) +
+                                              " blocks, above the CUDA grid limit (2^31 - 1)");
+}
+
+}  // namespace
+
+Status plan_conv1d_fwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out) {
+  Conv1dPlan pl;
+  if (!conv1d_shape(p, dev, false, &pl)) return conv1d_too_many_blocks("conv1d forward", pl.blocks);
+  pl.states = p.fin.present() || p.conv_states.present();
+  *out = pl;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+Status plan_conv1d_bwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out) {
+  Conv1dPlan pl;
+  if (!conv1d_shape(p, dev, true, &pl)) return conv1d_too_many_blocks("conv1d backward", pl.blocks);
+  pl.states = p.dinit.present();
+  // Every block of a row (channel-first: rows of channels that share a block are summed apart) or of a channel
+  // tile (channel-last) leaves one partial per channel: [parts][W + 1][D] floats (dweight's W, then dbias), which
+  // the finalize kernel sums in a fixed order.
+  pl.parts = p.rows() * pl.tiles;
+  pl.workspace = align_up(static_cast<size_t>(pl.parts) * static_cast<size_t>(p.width + 1) *
+                          static_cast<size_t>(p.dim) * sizeof(float));
+  *out = pl;
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+Status plan_conv1d_update(const Conv1dUpdate& p, const DeviceProps& dev, Conv1dPlan* out) {
+  (void)dev;
+  Conv1dPlan pl;
+  pl.kernel = Conv1dKernel::update;
+  pl.threads = cuda::conv1d::kThreads;
+  pl.tiles = ceil_div(p.dim, pl.threads);  // channel blocks per sequence
+  pl.blocks = pl.tiles * p.batch;
+  if (pl.blocks > kMaxGridBlocks) return conv1d_too_many_blocks("conv1d update", pl.blocks);
   *out = pl;
   return SELSCAN_STATUS_SUCCESS;
 }

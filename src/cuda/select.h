@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "conv1d.h"
 #include "cuda/plans.h"
 #include "errors.h"
 #include "problem.h"
@@ -40,6 +41,12 @@ const Overrides& env_overrides();
 // allows, or more blocks than a CUDA grid holds) with a message. Pure: no CUDA call; no allocation on success.
 Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* out);
 Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out);
+
+// The causal conv1d (src/conv1d.h): the kernel and launch shape of a validated call, and the backward's workspace
+// bytes (plan->workspace). SUCCESS, or UNSUPPORTED where the grid would exceed CUDA's limits. Pure: no CUDA call.
+Status plan_conv1d_fwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out);
+Status plan_conv1d_bwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out);
+Status plan_conv1d_update(const Conv1dUpdate& p, const DeviceProps& dev, Conv1dPlan* out);
 
 // The shared-memory class of a device, from its per-block opt-in limit; it sets the warp-scan backward's budgets and
 // where the thread-states backward runs by default. Exposed for the tests.

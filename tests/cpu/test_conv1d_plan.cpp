@@ -1,0 +1,195 @@
+// The CUDA conv1d kernel choice (src/cuda/select.cpp, plan_conv1d_*), checked on the CPU: which kernel serves each
+// layout, where 16-byte IO is allowed, that the grid covers every row, channel and step, and the backward's
+// workspace for its partial sums.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "conv1d.h"
+#include "cuda/select.h"
+
+namespace selscan_test {
+namespace {
+
+using selscan::Conv1d;
+using selscan::Conv1dUpdate;
+using selscan::Dtype;
+using selscan::Layout;
+using selscan::cuda::Conv1dKernel;
+using selscan::cuda::Conv1dPlan;
+namespace k = selscan::cuda::conv1d;
+
+selscan::cuda::DeviceProps h200() {
+  selscan::cuda::DeviceProps d;
+  d.cc = 90;
+  d.sms = 132;
+  d.smem_optin = 227 * 1024;
+  return d;
+}
+
+// Storage the views point into: 16-byte aligned, so an offset of `shift` elements decides alignment.
+alignas(16) unsigned char g_buf[4096];
+
+// A dense (B, D, L) call; channel-first or channel-last contiguous tensors.
+Conv1d dense(int64_t B, int64_t D, int64_t L, Layout layout, Dtype t = Dtype::bf16, int64_t W = 4) {
+  Conv1d p{};
+  p.batch = B, p.dim = D, p.seqlen = L, p.width = W;
+  p.itype = t, p.wtype = t, p.dwtype = Dtype::f32;
+  p.layout = layout;
+  const auto view = [&](int64_t off) {
+    selscan::View v{};
+    v.p = g_buf + off;
+    if (layout == Layout::channel_last) {
+      v.s[0] = L * D, v.s[1] = 1, v.s[2] = D;
+    } else {
+      v.s[0] = D * L, v.s[1] = L, v.s[2] = 1;
+    }
+    return v;
+  };
+  p.x = view(0), p.out = view(256), p.dout = view(512), p.dx = view(768);
+  p.weight = view(1024);
+  return p;
+}
+
+Conv1dPlan fwd(const Conv1d& p) {
+  Conv1dPlan pl;
+  EXPECT_EQ(selscan::cuda::plan_conv1d_fwd(p, h200(), &pl), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  return pl;
+}
+Conv1dPlan bwd(const Conv1d& p) {
+  Conv1dPlan pl;
+  EXPECT_EQ(selscan::cuda::plan_conv1d_bwd(p, h200(), &pl), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  return pl;
+}
+
+TEST(Conv1dPlan, ChannelFirstRowKernelCoversEveryStep) {
+  const int64_t Ls[] = {1, 7, 8, 9, 64, 100, 1000, 1024, 1025, 2048, 5000};
+  for (int64_t L : Ls) {
+    const Conv1d p = dense(2, 24, L, Layout::channel_first);
+    const Conv1dPlan pl = fwd(p);
+    EXPECT_EQ(pl.kernel, Conv1dKernel::rows);
+    // 16-bit rows start on 16-byte boundaries when L is a multiple of 8.
+    EXPECT_EQ(pl.vec, L % 8 == 0) << L;
+    // A power of two of threads per row, as few as cover the row (up to a block).
+    EXPECT_EQ(pl.row_threads & (pl.row_threads - 1), 0);
+    EXPECT_LE(pl.row_threads, k::kThreads);
+    EXPECT_EQ(pl.chunk, int64_t{pl.row_threads} * k::kItems);
+    EXPECT_GE(pl.chunk * pl.tiles, L);
+    EXPECT_LT(pl.chunk * (pl.tiles - 1), L);
+    if (pl.row_threads < k::kThreads) {
+      EXPECT_EQ(pl.tiles, 1);
+      EXPECT_LT(int64_t{pl.row_threads / 2} * k::kItems, L);
+    }
+    const int64_t rows_per_block = k::kThreads / pl.row_threads;
+    EXPECT_GE(pl.blocks / pl.tiles * rows_per_block, 2 * 24);
+    EXPECT_LT((pl.blocks / pl.tiles - 1) * rows_per_block, 2 * 24);
+    EXPECT_FALSE(pl.states);
+    EXPECT_EQ(pl.workspace, 0u);
+  }
+}
+
+TEST(Conv1dPlan, VectorIoOnlyWhenAligned) {
+  Conv1d p = dense(2, 24, 96, Layout::channel_first);
+  EXPECT_TRUE(fwd(p).vec);
+  p.out.p = g_buf + 256 + 2;  // out's base off a 16-byte boundary
+  EXPECT_FALSE(fwd(p).vec);
+  EXPECT_TRUE(bwd(dense(2, 24, 96, Layout::channel_first)).vec);
+  EXPECT_FALSE(fwd(dense(2, 24, 100, Layout::channel_first)).vec);  // rows 200 bytes apart
+  p = dense(2, 24, 96, Layout::channel_first);
+  p.x.s[1] = 97;  // a row stride of 194 bytes
+  EXPECT_FALSE(fwd(p).vec);
+  p = dense(2, 24, 96, Layout::channel_first);
+  p.dx.s[0] = 24 * 96 + 3;  // backward streams dx too
+  EXPECT_TRUE(fwd(p).vec);
+  EXPECT_FALSE(bwd(p).vec);
+  // A size-1 dim's stride does not matter.
+  p = dense(1, 24, 96, Layout::channel_first);
+  p.x.s[0] = 7, p.out.s[0] = 7;
+  EXPECT_TRUE(fwd(p).vec);
+  // fp32 rows of 4-float multiples are aligned; 16-bit rows need 8-element multiples.
+  EXPECT_TRUE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).vec);
+  EXPECT_FALSE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).vec);
+}
+
+TEST(Conv1dPlan, ChannelLastKernel) {
+  const Conv1d p = dense(8, 1536, 2048, Layout::channel_last);
+  const Conv1dPlan pl = fwd(p);
+  EXPECT_EQ(pl.kernel, Conv1dKernel::cl);
+  EXPECT_TRUE(pl.vec);
+  EXPECT_EQ(pl.row_threads, k::kClLanes);
+  const int64_t groups = k::kThreads / k::kClLanes;
+  EXPECT_GE(pl.tiles * pl.chunk * groups, 2048);
+  EXPECT_EQ(pl.blocks, 8 * ((1536 + k::kClLanes * k::kItems - 1) / (k::kClLanes * k::kItems)) * pl.tiles);
+  // The walk is shorter when the grid has few channels, so every SM still gets threads.
+  const Conv1dPlan small = fwd(dense(1, 5120, 512, Layout::channel_last));
+  EXPECT_LE(small.chunk, pl.chunk);
+  const int64_t lanes = 5120 / k::kItems;
+  EXPECT_TRUE(small.chunk == 8 || lanes * (512 / small.chunk) >= 1024 * 132);
+  // Channels not a multiple of the vector: the same kernel, element IO.
+  const Conv1dPlan odd = fwd(dense(2, 12, 64, Layout::channel_last));
+  EXPECT_EQ(odd.kernel, Conv1dKernel::cl);
+  EXPECT_FALSE(odd.vec);
+}
+
+TEST(Conv1dPlan, StridedLayoutsTakeTheRowKernelWithoutVectors) {
+  Conv1d p = dense(2, 24, 100, Layout::channel_first);
+  p.layout = Layout::strided;
+  p.x.s[2] = 2;
+  const Conv1dPlan pl = fwd(p);
+  EXPECT_EQ(pl.kernel, Conv1dKernel::rows);
+  EXPECT_FALSE(pl.vec);
+}
+
+TEST(Conv1dPlan, StatesKernelsFollowOnlyWhenAsked) {
+  Conv1d p = dense(2, 24, 100, Layout::channel_first);
+  EXPECT_FALSE(fwd(p).states);
+  p.fin.p = g_buf + 2048;
+  EXPECT_TRUE(fwd(p).states);
+  p = dense(2, 24, 100, Layout::channel_first);
+  p.conv_states.p = g_buf + 2048;
+  EXPECT_TRUE(fwd(p).states);
+  p = dense(2, 24, 100, Layout::channel_first);
+  EXPECT_FALSE(bwd(p).states);
+  p.dinit.p = g_buf + 2048;
+  EXPECT_TRUE(bwd(p).states);
+}
+
+TEST(Conv1dPlan, BackwardWorkspaceHoldsEveryPartial) {
+  for (Layout layout : {Layout::channel_first, Layout::channel_last})
+    for (int64_t W : {2, 3, 4}) {
+      const Conv1d p = dense(3, 40, 3000, layout, Dtype::bf16, W);
+      const Conv1dPlan pl = bwd(p);
+      EXPECT_EQ(pl.parts, 3 * pl.tiles);
+      EXPECT_GE(pl.workspace, static_cast<size_t>(pl.parts * (W + 1) * 40) * sizeof(float));
+      EXPECT_EQ(pl.workspace % SELSCAN_WORKSPACE_ALIGNMENT, 0u);
+    }
+  // Packed sequences are one row.
+  Conv1d p = dense(1, 40, 3000, Layout::channel_first);
+  p.batch = 5, p.varlen = true;
+  EXPECT_EQ(bwd(p).parts, bwd(p).tiles);
+}
+
+TEST(Conv1dPlan, UpdateCoversEveryChannelOfEverySequence) {
+  Conv1dUpdate u{};
+  u.batch = 3, u.dim = 300, u.tokens = 1, u.width = 4, u.state_len = 3, u.slots = 3;
+  u.itype = u.wtype = u.state_t = Dtype::bf16;
+  Conv1dPlan pl;
+  ASSERT_EQ(selscan::cuda::plan_conv1d_update(u, h200(), &pl), SELSCAN_STATUS_SUCCESS);
+  EXPECT_EQ(pl.kernel, Conv1dKernel::update);
+  EXPECT_GE(pl.tiles * pl.threads, 300);
+  EXPECT_LT((pl.tiles - 1) * pl.threads, 300);
+  EXPECT_EQ(pl.blocks, 3 * pl.tiles);
+  EXPECT_EQ(pl.workspace, 0u);
+}
+
+TEST(Conv1dPlan, GridsPastCudasLimitAreUnsupported) {
+  Conv1d p = dense(1, int64_t{1} << 40, int64_t{1} << 12, Layout::channel_first);
+  Conv1dPlan pl;
+  EXPECT_EQ(selscan::cuda::plan_conv1d_fwd(p, h200(), &pl), SELSCAN_STATUS_UNSUPPORTED);
+  EXPECT_NE(std::string(selscan_last_error()).find("grid"), std::string::npos) << selscan_last_error();
+  EXPECT_EQ(selscan::cuda::plan_conv1d_bwd(p, h200(), &pl), SELSCAN_STATUS_UNSUPPORTED);
+}
+
+}  // namespace
+}  // namespace selscan_test
