@@ -5,6 +5,7 @@
 #include <string>
 
 #include "build_info.h"
+#include "conv1d.h"
 #include "dispatch.h"
 #include "errors.h"
 #include "selscan/selscan.h"
@@ -26,26 +27,30 @@ selscan_status_t guarded(F&& body) noexcept {
   }
 }
 
-template <typename Args, typename Make>
-selscan_status_t workspace_query(selscan::Op op, const Args* args, const selscan_exec_t* exec, size_t* bytes,
-                                 Make make) {
+// The arguments validated into a `Desc` (make), then exec; `go` gets both.
+template <typename Desc, typename Args, typename Make, typename Go>
+selscan_status_t validated(const Args* args, const selscan_exec_t* exec, Make make, Go go) {
   return guarded([&] {
-    if (bytes != nullptr) *bytes = 0;
-    selscan::Problem p{};
+    Desc p{};
     selscan_exec_t ex{};
     if (auto s = make(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
     if (auto s = selscan::check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
+    return go(p, ex);
+  });
+}
+
+template <typename Args, typename Make>
+selscan_status_t workspace_query(selscan::Op op, const Args* args, const selscan_exec_t* exec, size_t* bytes,
+                                 Make make) {
+  if (bytes != nullptr) *bytes = 0;
+  return validated<selscan::Problem>(args, exec, make, [&](const selscan::Problem& p, const selscan_exec_t& ex) {
     return selscan::workspace_size(op, p, ex, bytes);
   });
 }
 
 template <typename Args, typename Make>
 selscan_status_t execute(selscan::Op op, const Args* args, const selscan_exec_t* exec, Make make) {
-  return guarded([&] {
-    selscan::Problem p{};
-    selscan_exec_t ex{};
-    if (auto s = make(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
-    if (auto s = selscan::check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
+  return validated<selscan::Problem>(args, exec, make, [&](const selscan::Problem& p, const selscan_exec_t& ex) {
     return selscan::run(op, p, ex);
   });
 }
@@ -118,6 +123,34 @@ SELSCAN_API selscan_status_t selscan_bwd(const selscan_bwd_args_t* args, const s
 SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,
                                                   const selscan_exec_t* exec) {
   return guarded([&] { return selscan::state_update(args, exec); });
+}
+
+SELSCAN_API selscan_status_t selscan_conv1d_fwd(const selscan_conv1d_fwd_args_t* args, const selscan_exec_t* exec) {
+  return validated<selscan::Conv1d>(args, exec, selscan::make_conv1d_fwd,
+                                    [](const selscan::Conv1d& p, const selscan_exec_t& ex) {
+                                      return selscan::run_conv1d(selscan::Op::fwd, p, ex);
+                                    });
+}
+
+SELSCAN_API selscan_status_t selscan_conv1d_bwd_workspace_size(const selscan_conv1d_bwd_args_t* args,
+                                                               const selscan_exec_t* exec, size_t* bytes) {
+  if (bytes != nullptr) *bytes = 0;
+  return validated<selscan::Conv1d>(args, exec, selscan::make_conv1d_bwd,
+                                    [&](const selscan::Conv1d& p, const selscan_exec_t& ex) {
+                                      return selscan::conv1d_workspace_size(selscan::Op::bwd, p, ex, bytes);
+                                    });
+}
+
+SELSCAN_API selscan_status_t selscan_conv1d_bwd(const selscan_conv1d_bwd_args_t* args, const selscan_exec_t* exec) {
+  return validated<selscan::Conv1d>(args, exec, selscan::make_conv1d_bwd,
+                                    [](const selscan::Conv1d& p, const selscan_exec_t& ex) {
+                                      return selscan::run_conv1d(selscan::Op::bwd, p, ex);
+                                    });
+}
+
+SELSCAN_API selscan_status_t selscan_conv1d_update(const selscan_conv1d_update_args_t* args,
+                                                   const selscan_exec_t* exec) {
+  return validated<selscan::Conv1dUpdate>(args, exec, selscan::make_conv1d_update, selscan::run_conv1d_update);
 }
 
 }  // extern "C"

@@ -46,6 +46,24 @@ Status plan_call(Op op, const Problem& p, int32_t device, CudaCall* c) {
   c->workspace = c->bwd.total;
   return SELSCAN_STATUS_SUCCESS;
 }
+
+// The caller's workspace against what the plan needs (`query`: the size query that reports it).
+Status check_workspace(const selscan_exec_t& exec, size_t need, const char* query) {
+  if (exec.workspace_bytes < need)
+    return fail(SELSCAN_STATUS_WORKSPACE_TOO_SMALL,
+                fmt::format("exec.workspace_bytes: this call needs {} bytes of workspace, got {} (ask {})", need,
+                            exec.workspace_bytes, query));
+  if (need > 0 && exec.workspace == nullptr)
+    return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                fmt::format("exec.workspace: NULL, but this call needs {} bytes of workspace", need));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+// The conv1d forward's or backward's plan on `device` (the backward's `workspace` bytes included).
+Status plan_conv1d(Op op, const Conv1d& p, int32_t device, const cuda::DeviceProps** dev, cuda::Conv1dPlan* plan) {
+  if (Status s = cuda::device_props(device, dev); s != SELSCAN_STATUS_SUCCESS) return s;
+  return op == Op::fwd ? cuda::plan_conv1d_fwd(p, **dev, plan) : cuda::plan_conv1d_bwd(p, **dev, plan);
+}
 #endif
 
 }  // namespace
@@ -76,18 +94,71 @@ Status run(Op op, const Problem& p, const selscan_exec_t& exec) {
 #if SELSCAN_WITH_CUDA
   CudaCall c;
   if (Status s = plan_call(op, p, exec.device_index, &c); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (exec.workspace_bytes < c.workspace)
-    return fail(SELSCAN_STATUS_WORKSPACE_TOO_SMALL,
-                fmt::format("exec.workspace_bytes: this call needs {} bytes of workspace, got {} (ask "
-                            "selscan_{}_workspace_size)",
-                            c.workspace, exec.workspace_bytes, op == Op::fwd ? "fwd" : "bwd"));
-  if (c.workspace > 0 && exec.workspace == nullptr)
-    return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                fmt::format("exec.workspace: NULL, but this call needs {} bytes of workspace", c.workspace));
+  if (Status s = check_workspace(exec, c.workspace,
+                                 op == Op::fwd ? "selscan_fwd_workspace_size" : "selscan_bwd_workspace_size");
+      s != SELSCAN_STATUS_SUCCESS)
+    return s;
   cuda::DeviceGuard guard(exec.device_index);
   if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
   const cuda::Launch launch{exec.stream, exec.device_index, c.dev->smem_optin, exec.workspace};
   return op == Op::fwd ? cuda::launch_fwd(p, c.fwd, launch) : cuda::launch_bwd(p, c.bwd, launch);
+#else
+  return not_built();
+#endif
+}
+
+Status conv1d_workspace_size(Op op, const Conv1d& p, const selscan_exec_t& exec, size_t* bytes) {
+  if (bytes == nullptr) return fail(SELSCAN_STATUS_INVALID_ARGUMENT, "bytes: pointer is NULL");
+  *bytes = 0;
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) return check_host_conv1d(p);
+#if SELSCAN_WITH_CUDA
+  const cuda::DeviceProps* dev = nullptr;
+  cuda::Conv1dPlan plan{};
+  if (Status s = plan_conv1d(op, p, exec.device_index, &dev, &plan); s != SELSCAN_STATUS_SUCCESS) return s;
+  *bytes = op == Op::bwd ? plan.workspace : 0;
+  return SELSCAN_STATUS_SUCCESS;
+#else
+  (void)op;
+  return not_built();
+#endif
+}
+
+Status run_conv1d(Op op, const Conv1d& p, const selscan_exec_t& exec) {
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) {
+    if (Status s = check_host_conv1d(p); s != SELSCAN_STATUS_SUCCESS) return s;
+    return op == Op::fwd ? cpu::conv1d_fwd(p, exec.num_threads) : cpu::conv1d_bwd(p, exec.num_threads);
+  }
+#if SELSCAN_WITH_CUDA
+  const cuda::DeviceProps* dev = nullptr;
+  cuda::Conv1dPlan plan{};
+  if (Status s = plan_conv1d(op, p, exec.device_index, &dev, &plan); s != SELSCAN_STATUS_SUCCESS) return s;
+  if (op == Op::bwd)
+    if (Status s = check_workspace(exec, plan.workspace, "selscan_conv1d_bwd_workspace_size");
+        s != SELSCAN_STATUS_SUCCESS)
+      return s;
+  cuda::DeviceGuard guard(exec.device_index);
+  if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
+  const cuda::Launch launch{exec.stream, exec.device_index, dev->smem_optin, exec.workspace};
+  return op == Op::fwd ? cuda::launch_conv1d_fwd(p, plan, launch) : cuda::launch_conv1d_bwd(p, plan, launch);
+#else
+  return not_built();
+#endif
+}
+
+Status run_conv1d_update(const Conv1dUpdate& p, const selscan_exec_t& exec) {
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) {
+    if (Status s = check_host_conv1d_update(p); s != SELSCAN_STATUS_SUCCESS) return s;
+    return cpu::conv1d_update(p, exec.num_threads);
+  }
+#if SELSCAN_WITH_CUDA
+  const cuda::DeviceProps* dev = nullptr;
+  if (Status s = cuda::device_props(exec.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
+  cuda::Conv1dPlan plan{};
+  if (Status s = cuda::plan_conv1d_update(p, *dev, &plan); s != SELSCAN_STATUS_SUCCESS) return s;
+  cuda::DeviceGuard guard(exec.device_index);
+  if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
+  const cuda::Launch launch{exec.stream, exec.device_index, dev->smem_optin, exec.workspace};
+  return cuda::launch_conv1d_update(p, plan, launch);
 #else
   return not_built();
 #endif

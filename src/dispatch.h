@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "conv1d.h"
 #include "errors.h"
 #include "problem.h"
 #include "selscan/selscan.h"
@@ -16,6 +17,12 @@ enum class Op { fwd, bwd };
 Status workspace_size(Op op, const Problem& p, const selscan_exec_t& exec, size_t* bytes);
 // Runs `op`; checks the caller's workspace against the size above.
 Status run(Op op, const Problem& p, const selscan_exec_t& exec);
+
+// The causal conv1d (src/conv1d.h), likewise: the CPU path after the host checks of the index contents, or the
+// plan of src/cuda/select.h and its launcher. Only the backward has a workspace (0 on CPU and for Op::fwd).
+Status conv1d_workspace_size(Op op, const Conv1d& p, const selscan_exec_t& exec, size_t* bytes);
+Status run_conv1d(Op op, const Conv1d& p, const selscan_exec_t& exec);
+Status run_conv1d_update(const Conv1dUpdate& p, const selscan_exec_t& exec);
 
 Status cuda_device_count(int32_t* count);
 Status check_device(int32_t device);
