@@ -1,5 +1,11 @@
 #include "checker.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "serving_index.h"
+
 namespace selscan {
 namespace {
 
@@ -197,6 +203,71 @@ void Checker::no_self_overlap(const selscan_tensor_t& t, const char* name) {
 void reserved_zero(Checker& c, int32_t v, const char* name) {
   if (c.ok() && v != 0)
     c.failf(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("{}: reserved, must be 0, got {}", name, v));
+}
+
+View view_of(const selscan_tensor_t& t) {
+  View v{t.data, {0, 0, 0, 0}};
+  for (int i = 0; i < t.ndim && i < 4; ++i) v.s[i] = t.strides[i];
+  return v;
+}
+
+void check_entries(Checker& c, const selscan_tensor_t& t, const char* name, int64_t n, int32_t a, int32_t b) {
+  c.dtype(t, name, a, "one entry per sequence", b);
+  c.shape(t, name, {n}, "(sequences,)");
+  c.layout(t, name, false, false);
+}
+
+int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t) {
+  if (!c.presence(t, "cu_seqlens", false, true, "")) return 0;
+  c.dtype(t, "cu_seqlens", SELSCAN_DTYPE_INT32, "sequence offsets", SELSCAN_DTYPE_INT64);
+  if (!c.ok()) return 0;
+  if (t.ndim != 1 || t.sizes[0] < 2) {
+    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
+            fmt::format("cu_seqlens: expected shape (sequences + 1,) with at least one sequence, got {}",
+                        given_shape(t)));
+    return 0;
+  }
+  c.layout(t, "cu_seqlens", false, false);
+  return c.ok() ? t.sizes[0] - 1 : 0;
+}
+
+Status check_host_offsets(const View& cu, bool i64, int64_t seqs, int64_t total, const char* total_is) {
+  const int64_t first = index_entry(cu, i64, 0), last = index_entry(cu, i64, seqs);
+  if (first != 0)
+    return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
+  for (int64_t b = 0; b < seqs; ++b) {
+    const int64_t lo = index_entry(cu, i64, b), hi = index_entry(cu, i64, b + 1);
+    if (hi < lo)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("cu_seqlens: must be non-decreasing, got cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", b,
+                              lo, b + 1, hi));
+  }
+  if (last != total)
+    return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                fmt::format("cu_seqlens: must end at the packed length {} ({}), got cu_seqlens[{}] = {}", total,
+                            total_is, seqs, last));
+  return SELSCAN_STATUS_SUCCESS;
+}
+
+Status check_host_slots(const View& idx, bool i64, int64_t n, int64_t pad_slot_id, int64_t slots, const char* name,
+                        const char* pool) {
+  std::vector<std::pair<int64_t, int64_t>> used;  // (slot, sequence)
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t v = index_entry(idx, i64, b);
+    if (v == pad_slot_id) continue;
+    if (v < 0 || v >= slots)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("{}[{}]: expected a slot of {} in [0, {}) or pad_slot_id ({}), got {}", name, b, pool,
+                              slots, pad_slot_id, v));
+    used.emplace_back(v, b);
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i)
+    if (used[i].first == used[i - 1].first)
+      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                  fmt::format("{}: sequences {} and {} both name slot {}; a slot serves one sequence per call", name,
+                              used[i - 1].second, used[i].second, used[i].first));
+  return SELSCAN_STATUS_SUCCESS;
 }
 
 }  // namespace selscan

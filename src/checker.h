@@ -13,6 +13,7 @@
 #include <string>
 
 #include "errors.h"
+#include "problem.h"
 #include "selscan/selscan.h"
 
 namespace selscan {
@@ -107,5 +108,20 @@ const T* read_struct(Checker& c, const T* a, const char* name, size_t first_vers
 
 // A reserved integer field must be 0.
 void reserved_zero(Checker& c, int32_t v, const char* name);
+
+// The caller's strides as a View (sizes past ndim contribute stride 0).
+View view_of(const selscan_tensor_t& t);
+
+// A 1-D tensor of `n` entries of dtype `a` or `b` (index tensors: cache_indices, has_initial_state, ...).
+void check_entries(Checker& c, const selscan_tensor_t& t, const char* name, int64_t n, int32_t a, int32_t b);
+// cu_seqlens, before the inputs: the number of sequences it gives (0 when absent) decides their shapes.
+int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t);
+
+// The contents of index tensors in host memory, for CPU calls (a CUDA call cannot read them).
+// cu_seqlens (seqs + 1 entries) starts at 0, never decreases and ends at `total` (`total_is` says what that is).
+Status check_host_offsets(const View& cu, bool i64, int64_t seqs, int64_t total, const char* total_is);
+// Each of the n entries of `name` is pad_slot_id or a slot of `pool` in [0, slots), and no slot is named twice.
+Status check_host_slots(const View& idx, bool i64, int64_t n, int64_t pad_slot_id, int64_t slots, const char* name,
+                        const char* pool);
 
 }  // namespace selscan

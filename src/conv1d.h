@@ -6,6 +6,26 @@
 // Every (b, d, t) tensor keeps its caller's strides, in elements of its own dtype: s[0] batch row, s[1] channel,
 // s[2] time. The layout flags below only say which fast path a kernel may take; the generic path serves any
 // strides.
+//
+// Semantics both paths implement (the header's section 5c, pinned where it leaves a choice):
+//   - Sequence b of a call: row b and time [0, seqlen) of a dense call; row 0 and time [cu[b], cu[b+1]) of a packed
+//     one (varlen). A packed sequence may be empty (length 0): it has no out/dout/dx elements; its final_states
+//     row is still written (its initial states, or zeros: final_states[j] = xe(len - (W-1) + j)), and, like the
+//     scan's, it reads and writes no conv_states slot.
+//   - Its history xe(t) for t < 0: initial_states[b, d, W-1+t] for t >= -(W-1) when `init` is present; the slot's
+//     column state_len + t for t >= -state_len when conv_states is present; 0 elsewhere, and everywhere when
+//     has_init says 0 for b (the row or slot is then not read) or b is padding.
+//   - Padding (cache_indices[b] == pad_slot_id): out 0 over the sequence's time, final_states row 0, no slot read or
+//     written. Without cache_indices no sequence is padding and pad_slot_id is not read.
+//   - The pool: a non-padding sequence of length len >= 1 writes its slot's column j (j < state_len) with
+//     xe(len - state_len + j), every column (older inputs shift left; zeros where it started from zero).
+//   - seq_idx (dense calls only, not with init/fin/dfin): the term of position t' = t-(W-1)+k in y(t) counts only
+//     if t' >= 0 and seq_idx[b, t'] == seq_idx[b, t]; a position with seq_idx < 0 is padding: out 0, its dout
+//     ignored (g = 0), and its dx is 0 (no non-padding output reads it).
+//   - Backward: g(t) = dout(t) * silu'(y(t)) (y recomputed; dout(t) without SILU); dx(t) = sum_k w[k] g(t+(W-1)-k)
+//     over the sequence (and segment), plus dfin[j] where t = len-(W-1)+j; dinit[j] = sum_k w[k] g(j-k) over
+//     0 <= j-k < len, plus dfin[j-len] where j >= len; dweight[d,k] = sum over sequences and t of
+//     g(t) xe(t-(W-1)+k); dbias[d] = sum g. dweight and dbias are overwritten (dwtype: both have it).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +36,8 @@
 
 namespace selscan {
 
+// Literal strides, whatever the sizes: channel_first when s[2] == 1 for every streamed tensor (even where L == 1),
+// else channel_last when s[1] == 1 for every one, else strided.
 enum class Layout : int32_t {
   channel_first,  // x, out (and dout, dx) have stride 1 over time
   channel_last,   // ... stride 1 over channels
@@ -32,7 +54,7 @@ struct Conv1d {
   int64_t slots;      // conv_states' first dim (0 without a pool)
   Dtype itype;        // x, out, dout, dx, initial/final states and their gradients, conv_states
   Dtype wtype;        // weight, bias (f32 or itype)
-  Dtype dwtype;       // dweight, dbias (f32 or wtype); backward only
+  Dtype dwtype;       // dweight, dbias (f32 or wtype; dbias has dweight's dtype); backward only (forward: wtype)
   bool silu;
   bool deterministic;  // backward only
   Layout layout;       // of x and out (forward), of x, dout and dx (backward; strided unless all three agree)
@@ -48,8 +70,10 @@ struct Conv1d {
   bool varlen;           // cu_seqlens given
   bool cu_i64, idx_i64;  // cu_seqlens, cache_indices hold int64 (else int32)
   bool init_i32;         // has_init holds int32 (else one byte per entry)
-  int64_t pad_slot_id;
+  int64_t pad_slot_id;   // read only with cache_indices (0 without)
   View cu_seqlens, conv_states, cache_indices, has_init;  // conv_states (slot, d, j): s[0], s[1], s[2]
+  // has_init (forward only) applies to `init` or to conv_states, whichever is given. cache_indices without
+  // conv_states only marks padding (its other entries are not read).
 
   SELSCAN_HD int64_t rows() const { return varlen ? 1 : batch; }
 };
@@ -62,7 +86,7 @@ struct Conv1dUpdate {
   bool seqlens_i64, idx_i64;
   int64_t pad_slot_id;
   View x, weight, bias, out;  // x, out (b, d, t): s[0], s[1], s[2] (s[2] = 0 when T = 1 without a T dim)
-  View conv_state;            // (slot, d, j)
+  View conv_state;            // (slot, d, j), state_t; with cache_seqlens a circular buffer (see the header)
   View cache_seqlens;         // (b): s[0]
   View indices;               // conv_state_indices (b): s[0]
 };

@@ -45,12 +45,6 @@ static_assert(sizeof(selscan_exec_t) == kExecSizeV0_1, "exec: unchanged since 0.
 constexpr uintptr_t kWorkspaceAlignment = SELSCAN_WORKSPACE_ALIGNMENT;
 static_assert((kWorkspaceAlignment & (kWorkspaceAlignment - 1)) == 0, "a power of two");
 
-View view_of(const selscan_tensor_t& t) {
-  View v{t.data, {0, 0, 0, 0}};
-  for (int i = 0; i < t.ndim && i < 4; ++i) v.s[i] = t.strides[i];
-  return v;
-}
-
 // Variable B/C given as (Bt, N, L) mean G = 1: present them to the kernels as (Bt, 1, N, L).
 View bc_view(const selscan_tensor_t& t) {
   if (t.ndim == 3) return View{t.data, {t.strides[0], 0, t.strides[1], t.strides[2]}};
@@ -227,28 +221,6 @@ struct ServingArgs {
   int64_t block_size;
   const selscan_tensor_t *block_table, *context_lens;
 };
-
-// A 1-D tensor of `n` entries of dtype `a` or `b` (index tensors: cache_indices, has_initial_state, context_lens).
-void check_entries(Checker& c, const selscan_tensor_t& t, const char* name, int64_t n, int32_t a, int32_t b) {
-  c.dtype(t, name, a, "one entry per sequence", b);
-  c.shape(t, name, {n}, "(sequences,)");
-  c.layout(t, name, false, false);
-}
-
-// cu_seqlens, before the inputs: the number of sequences it gives (0 when absent) decides their shapes.
-int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t) {
-  if (!c.presence(t, "cu_seqlens", false, true, "")) return 0;
-  c.dtype(t, "cu_seqlens", SELSCAN_DTYPE_INT32, "sequence offsets", SELSCAN_DTYPE_INT64);
-  if (!c.ok()) return 0;
-  if (t.ndim != 1 || t.sizes[0] < 2) {
-    c.failf(SELSCAN_STATUS_SHAPE_MISMATCH,
-            fmt::format("cu_seqlens: expected shape (sequences + 1,) with at least one sequence, got {}",
-                        given_shape(t)));
-    return 0;
-  }
-  c.layout(t, "cu_seqlens", false, false);
-  return c.ok() ? t.sizes[0] - 1 : 0;
-}
 
 // The block-wise caching fields (forward only), after the other serving tensors' presence: whether block mode is on.
 bool check_blocks(Checker& c, const ServingArgs& a, bool pool, bool idx, int64_t Bt) {
@@ -627,43 +599,14 @@ Status check_host_blocks(const Problem& p) {
 }  // namespace
 
 Status check_host_serving(const Problem& p) {
-  if (p.varlen) {
-    const int64_t first = index_entry(p.cu_seqlens, p.cu_i64, 0), last = index_entry(p.cu_seqlens, p.cu_i64, p.batch);
-    if (first != 0)
-      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                  fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t lo = index_entry(p.cu_seqlens, p.cu_i64, b), hi = index_entry(p.cu_seqlens, p.cu_i64, b + 1);
-      if (hi < lo)
-        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                    fmt::format("cu_seqlens: must be non-decreasing, got cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", b,
-                                lo, b + 1, hi));
-    }
-    if (last != p.seqlen)
-      return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                  fmt::format("cu_seqlens: must end at the packed length {} (u's last dim), got cu_seqlens[{}] = {}",
-                              p.seqlen, p.batch, last));
-  }
+  if (p.varlen)
+    if (Status s = check_host_offsets(p.cu_seqlens, p.cu_i64, p.batch, p.seqlen, "u's last dim");
+        s != SELSCAN_STATUS_SUCCESS)
+      return s;
   if (p.block_size > 0) return check_host_blocks(p);
-  if (p.cache_indices.present() && p.ssm_states.present()) {
-    std::vector<std::pair<int64_t, int64_t>> used;  // (slot, sequence)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t v = index_entry(p.cache_indices, p.idx_i64, b);
-      if (v == p.pad_slot_id) continue;
-      if (v < 0 || v >= p.slots)
-        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                    fmt::format("cache_indices[{}]: expected a slot of ssm_states in [0, {}) or pad_slot_id ({}), got {}",
-                                b, p.slots, p.pad_slot_id, v));
-      used.emplace_back(v, b);
-    }
-    std::sort(used.begin(), used.end());
-    for (size_t i = 1; i < used.size(); ++i)
-      if (used[i].first == used[i - 1].first)
-        return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
-                    fmt::format("cache_indices: sequences {} and {} both name slot {}; a slot serves one sequence per "
-                                "call",
-                                used[i - 1].second, used[i].second, used[i].first));
-  }
+  if (p.cache_indices.present() && p.ssm_states.present())
+    return check_host_slots(p.cache_indices, p.idx_i64, p.batch, p.pad_slot_id, p.slots, "cache_indices",
+                            "ssm_states");
   return SELSCAN_STATUS_SUCCESS;
 }
 
