@@ -1,14 +1,17 @@
-// decode/ section: the decode step (selscan_state_update) at Mamba-2.8b's width (D = 5120, N = 16), batch 1 to
-// 256, against its memory floor. Registers itself (no change to bench_main.cpp's list of sections).
+// decode/ section: the decode step (selscan_state_update) against its memory floor, in both forms. Registers itself
+// (no change to bench_main.cpp's list of sections).
 //
-// Rows: decode/<device>/<state dtype>[_pool]/Bt=<batch>, Mamba-1 form as Mamba's step() calls it (bf16 x, dt,
-// z, B, C; fp32 A, D, dt_bias; softplus). "_pool": the sequences' slots are scattered over the pool through
-// int32 state_batch_indices (continuous batching), instead of slots 0..Bt-1 of a window; "_pool_dst": the same,
-// each state written to another slot (dst_state_batch_indices).
+// Shapes (bf16 x, dt, z, B, C; fp32 A, D, dt_bias; softplus):
+//   Mamba-1 form, as Mamba's step() calls it: D = 5120, N = 16 (Mamba-2.8b's width), state (S, D, N);
+//   Mamba-2 form ("m2_"), as Mamba-2 calls it: 80 heads x 64, N = 128, one group, state (S, H, P, N); dt, A, D and
+//   dt_bias broadcast over the head dim (stride 0), B and C (Bt, 1, N).
+// Rows: decode/<device>/[m2_]<state dtype>[_pool[_dst]]/Bt=<batch>. "_pool": the sequences' slots are scattered
+// over the pool through int32 state_batch_indices (continuous batching), instead of slots 0..Bt-1 of a window;
+// "_pool_dst": the same, each state written to another slot (dst_state_batch_indices).
 //
-// Floor: the state is read and written once, 2 * Bt * D * N * sizeof(state) bytes, at the device-to-device
-// copy bandwidth measured here (read + write counted, as gpu_copy/d2d). The other inputs (x, dt, z, B, C, out:
-// O(Bt * D); A: D * N) are counted in GB_s but not in the floor.
+// Floor: the state is read and written once, 2 * Bt * (slot elements) * sizeof(state) bytes, at the
+// device-to-device copy bandwidth measured here (read + write counted, as gpu_copy/d2d). The other inputs (x, dt,
+// z, B, C, out: O(Bt * channels); A) are counted in GB_s but not in the floor.
 //
 // Timing (CUDA): the calls rotate through windows of a state pool of >= 512 MB (> 8x the L2 of H100/H200), so
 // no call finds its states in L2. Each iteration enqueues a 256 MB device-to-device copy first, so that the
@@ -35,69 +38,110 @@
 namespace selscan_bench {
 namespace {
 
-constexpr int64_t kDim = 5120, kDstate = 16;
 constexpr int64_t kBatches[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+constexpr int64_t kBatchesM2[] = {1, 16, 64, 256};
+
+// A decode shape: the Mamba-1 form is H = D channels of P = 1.
+struct Shape {
+  bool heads;
+  int64_t H, P, N;
+  int64_t channels() const { return H * P; }
+  int64_t slot_elems() const { return H * P * N; }
+};
+constexpr Shape kMamba1{false, 5120, 1, 16};
+constexpr Shape kMamba2{true, 80, 64, 128};
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-int64_t state_bytes(int64_t batch, selscan_dtype_t state_dtype) {
-  return batch * kDim * kDstate * dtype_size(state_dtype);
+int64_t state_bytes(const Shape& sh, int64_t batch, selscan_dtype_t state_dtype) {
+  return batch * sh.slot_elems() * dtype_size(state_dtype);
 }
 
-// Bytes one call moves at least: the state read and written, the (Bt, D) inputs and output, B and C, A, D and
-// dt_bias.
-double call_bytes(int64_t batch, selscan_dtype_t state_dtype, selscan_dtype_t itype) {
-  const double io = static_cast<double>(batch * kDim * dtype_size(itype));
-  return 2.0 * static_cast<double>(state_bytes(batch, state_dtype)) + 4.0 * io /* x dt z out */ +
-         2.0 * static_cast<double>(batch * kDstate * dtype_size(itype)) + 4.0 * kDim * kDstate + 8.0 * kDim;
+// Bytes one call moves at least: the state read and written, the per-channel inputs and output, B and C, A, D and
+// dt_bias (the broadcast ones once per head).
+double call_bytes(const Shape& sh, int64_t batch, selscan_dtype_t state_dtype, selscan_dtype_t itype) {
+  const double io = static_cast<double>(batch * sh.channels() * dtype_size(itype));
+  const double dt = static_cast<double>(batch * (sh.heads ? sh.H : sh.channels()) * dtype_size(itype));
+  const double weights = sh.heads ? 3.0 * 4.0 * static_cast<double>(sh.H)
+                                  : 4.0 * static_cast<double>(sh.slot_elems()) + 8.0 * static_cast<double>(sh.H);
+  return 2.0 * static_cast<double>(state_bytes(sh, batch, state_dtype)) + 3.0 * io /* x z out */ + dt +
+         2.0 * static_cast<double>(batch * sh.N * dtype_size(itype)) + weights;
+}
+
+// A descriptor with explicit strides.
+selscan_tensor_t strided_desc(void* data, selscan_dtype_t t, std::initializer_list<int64_t> sizes,
+                              std::initializer_list<int64_t> strides) {
+  selscan_tensor_t d = contiguous_desc(data, t, sizes);
+  int i = 0;
+  for (int64_t st : strides) d.strides[i++] = st;
+  return d;
 }
 
 // The call's struct over a state pool: sequences use slots [first, first + Bt), or the slots in `idx` (and
-// write the slots in `dst` when it is given).
-selscan_state_update_args_t decode_args(void* const* in, void* state, int64_t slots, selscan_dtype_t state_dtype,
-                                        int64_t batch, int64_t first, void* idx, void* out, void* dst = nullptr) {
-  const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16;
+// write the slots in `dst` when it is given). in[]: x, dt, z, B, C, A, D, dt_bias; in the Mamba-2 form dt is
+// (Bt, H), A, D and dt_bias (H,), broadcast over P here.
+selscan_state_update_args_t decode_args(const Shape& sh, void* const* in, void* state, int64_t slots,
+                                        selscan_dtype_t state_dtype, int64_t batch, int64_t first, void* idx,
+                                        void* out, void* dst = nullptr) {
+  const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
+  const int64_t H = sh.H, P = sh.P, N = sh.N;
   selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
-  a.x = contiguous_desc(in[0], it, {batch, kDim});
-  a.dt = contiguous_desc(in[1], it, {batch, kDim});
-  a.z = contiguous_desc(in[2], it, {batch, kDim});
-  a.B = contiguous_desc(in[3], it, {batch, kDstate});
-  a.C = contiguous_desc(in[4], it, {batch, kDstate});
-  a.A = contiguous_desc(in[5], SELSCAN_DTYPE_FLOAT32, {kDim, kDstate});
-  a.D = contiguous_desc(in[6], SELSCAN_DTYPE_FLOAT32, {kDim});
-  a.dt_bias = contiguous_desc(in[7], SELSCAN_DTYPE_FLOAT32, {kDim});
+  if (sh.heads) {
+    a.x = contiguous_desc(in[0], it, {batch, H, P});
+    a.dt = strided_desc(in[1], it, {batch, H, P}, {H, 1, 0});
+    a.z = contiguous_desc(in[2], it, {batch, H, P});
+    a.B = contiguous_desc(in[3], it, {batch, 1, N});
+    a.C = contiguous_desc(in[4], it, {batch, 1, N});
+    a.A = strided_desc(in[5], f32, {H, P, N}, {1, 0, 0});
+    a.D = strided_desc(in[6], f32, {H, P}, {1, 0});
+    a.dt_bias = strided_desc(in[7], f32, {H, P}, {1, 0});
+    a.out = contiguous_desc(out, it, {batch, H, P});
+  } else {
+    a.x = contiguous_desc(in[0], it, {batch, H});
+    a.dt = contiguous_desc(in[1], it, {batch, H});
+    a.z = contiguous_desc(in[2], it, {batch, H});
+    a.B = contiguous_desc(in[3], it, {batch, N});
+    a.C = contiguous_desc(in[4], it, {batch, N});
+    a.A = contiguous_desc(in[5], f32, {H, N});
+    a.D = contiguous_desc(in[6], f32, {H});
+    a.dt_bias = contiguous_desc(in[7], f32, {H});
+    a.out = contiguous_desc(out, it, {batch, H});
+  }
   a.dt_softplus = 1;
-  a.out = contiguous_desc(out, it, {batch, kDim});
-  const int64_t slot_elems = kDim * kDstate;
+  const auto state_desc = [&](void* base, int64_t n) {
+    return sh.heads ? contiguous_desc(base, state_dtype, {n, H, P, N}) : contiguous_desc(base, state_dtype, {n, H, N});
+  };
   if (idx != nullptr) {
-    a.state = contiguous_desc(state, state_dtype, {slots, kDim, kDstate});
+    a.state = state_desc(state, slots);
     a.state_batch_indices = contiguous_desc(idx, SELSCAN_DTYPE_INT32, {batch});
     if (dst != nullptr) a.dst_state_batch_indices = contiguous_desc(dst, SELSCAN_DTYPE_INT32, {batch});
   } else {
-    unsigned char* window = static_cast<unsigned char*>(state) + first * slot_elems * dtype_size(state_dtype);
-    a.state = contiguous_desc(window, state_dtype, {batch, kDim, kDstate});
+    unsigned char* window = static_cast<unsigned char*>(state) + first * sh.slot_elems() * dtype_size(state_dtype);
+    a.state = state_desc(window, batch);
   }
   return a;
 }
 
-// Host buffers of the inputs (values in the benchmark ranges, support/bench.h).
+// Host buffers of the inputs (values in the benchmark ranges, support/bench.h); in the Mamba-2 form dt is per
+// head and A, D, dt_bias are per head (broadcast by the descriptors).
 struct HostInputs {
   std::vector<std::vector<unsigned char>> bufs;
-  explicit HostInputs(int64_t batch) {
+  HostInputs(const Shape& sh, int64_t batch) {
     const selscan_dtype_t bf = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
     using selscan_support::kB, selscan_support::kBias, selscan_support::kD, selscan_support::kDelta,
         selscan_support::kU, selscan_support::kZ;
+    const int64_t ch = sh.channels(), per_head = sh.heads ? sh.H : ch;
     const struct {
       selscan_dtype_t t;
       int64_t n;
       Range r;
-    } spec[] = {{bf, batch * kDim, input_range(kU)},     {bf, batch * kDim, input_range(kDelta)},
-                {bf, batch * kDim, input_range(kZ)},     {bf, batch * kDstate, input_range(kB)},
-                {bf, batch * kDstate, input_range(kB)}, {f32, kDim * kDstate, {-2.f, -0.1f}},
-                {f32, kDim, input_range(kD)},            {f32, kDim, input_range(kBias)}};
+    } spec[] = {{bf, batch * ch, input_range(kU)},       {bf, batch * per_head, input_range(kDelta)},
+                {bf, batch * ch, input_range(kZ)},       {bf, batch * sh.N, input_range(kB)},
+                {bf, batch * sh.N, input_range(kB)},     {f32, sh.heads ? sh.H : ch * sh.N, {-2.f, -0.1f}},
+                {f32, per_head, input_range(kD)},        {f32, per_head, input_range(kBias)}};
     uint64_t seed = 11;
     for (const auto& s : spec) {
       bufs.emplace_back(static_cast<size_t>(s.n * dtype_size(s.t)));
@@ -106,13 +150,14 @@ struct HostInputs {
   }
 };
 
-void set_counters(benchmark::State& st, int64_t batch, selscan_dtype_t sd, double t, double floor_bw) {
-  const double bytes = call_bytes(batch, sd, SELSCAN_DTYPE_BFLOAT16);
+void set_counters(benchmark::State& st, const Shape& sh, int64_t batch, selscan_dtype_t sd, double t,
+                  double floor_bw) {
+  const double bytes = call_bytes(sh, batch, sd, SELSCAN_DTYPE_BFLOAT16);
   st.counters["us"] = t * 1e6;
   st.counters["bytes"] = bytes;
   st.counters["GB_s"] = bytes / t * 1e-9;
   if (floor_bw > 0) {
-    const double floor_t = 2.0 * static_cast<double>(state_bytes(batch, sd)) / floor_bw;
+    const double floor_t = 2.0 * static_cast<double>(state_bytes(sh, batch, sd)) / floor_bw;
     st.counters["floor_us"] = floor_t * 1e6;
     st.counters["pct_of_floor"] = 100.0 * floor_t / t;
     st.counters["copy_GB_s"] = floor_bw * 1e-9;
@@ -122,12 +167,14 @@ void set_counters(benchmark::State& st, int64_t batch, selscan_dtype_t sd, doubl
 // ---------------------------------------------------------------------------------------------- CPU
 void run_cpu(benchmark::State& st, int64_t batch, int threads) {
   const selscan_dtype_t sd = SELSCAN_DTYPE_FLOAT32;
-  HostInputs in(batch);
+  const Shape sh = kMamba1;
+  HostInputs in(sh, batch);
   void* ptrs[8];
   for (int i = 0; i < 8; ++i) ptrs[i] = in.bufs[static_cast<size_t>(i)].data();
-  std::vector<float> state(static_cast<size_t>(batch * kDim * kDstate), 0.5f);
-  std::vector<uint16_t> out(static_cast<size_t>(batch * kDim));
-  const selscan_state_update_args_t a = decode_args(ptrs, state.data(), batch, sd, batch, 0, nullptr, out.data());
+  std::vector<float> state(static_cast<size_t>(batch * sh.slot_elems()), 0.5f);
+  std::vector<uint16_t> out(static_cast<size_t>(batch * sh.channels()));
+  const selscan_state_update_args_t a =
+      decode_args(sh, ptrs, state.data(), batch, sd, batch, 0, nullptr, out.data());
   selscan_exec_t ex = SELSCAN_EXEC_INIT;
   ex.num_threads = threads;
   std::vector<double> times;
@@ -143,13 +190,14 @@ void run_cpu(benchmark::State& st, int64_t batch, int threads) {
     st.SetIterationTime(t);
     times.push_back(t);
   }
-  set_counters(st, batch, sd, median_of(times), 0);
+  set_counters(st, sh, batch, sd, median_of(times), 0);
   st.counters["threads"] = threads;
 }
 
 #if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
 // ---------------------------------------------------------------------------------------------- CUDA
 constexpr double kMinPoolBytes = 512e6;
+constexpr double kLargeSetBytes = 128e6;
 constexpr int kCalls = 32;                     // timed back-to-back calls per iteration
 constexpr size_t kBusyBytes = size_t{256} << 20;  // the copy that keeps the GPU busy while they are enqueued
 
@@ -202,21 +250,24 @@ double copy_bandwidth() {
   return bw;
 }
 
-void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool, bool dst) {
+void run_cuda(benchmark::State& st, Shape sh, int64_t batch, selscan_dtype_t sd, bool pool, bool dst) {
   DeviceBuffers dev;
-  HostInputs in(batch);
+  HostInputs in(sh, batch);
   void* ptrs[8];
   for (int i = 0; i < 8; ++i) {
     const auto& h = in.bufs[static_cast<size_t>(i)];
     ptrs[i] = dev.alloc(h.size());
     if (ptrs[i]) cudaMemcpy(ptrs[i], h.data(), h.size(), cudaMemcpyHostToDevice);
   }
-  const int64_t slot_bytes = kDim * kDstate * dtype_size(sd);
+  const int64_t slot_bytes = sh.slot_elems() * dtype_size(sd);
   const double set_bytes = static_cast<double>(batch * slot_bytes);
-  const int64_t windows = std::max<int64_t>(kCalls + 1, static_cast<int64_t>(std::ceil(kMinPoolBytes / set_bytes)));
+  // A set larger than the L2 twice over cannot be found there by the next call: two windows alternate. Smaller
+  // sets rotate through more windows than a timed batch has calls.
+  const int64_t min_windows = set_bytes >= kLargeSetBytes ? 2 : kCalls + 1;
+  const int64_t windows = std::max<int64_t>(min_windows, static_cast<int64_t>(std::ceil(kMinPoolBytes / set_bytes)));
   const int64_t slots = windows * batch;
   void* state = dev.alloc(static_cast<size_t>(slots * slot_bytes));
-  void* out = dev.alloc(static_cast<size_t>(batch * kDim * 2));
+  void* out = dev.alloc(static_cast<size_t>(batch * sh.channels() * 2));
   void* busy_src = dev.alloc(kBusyBytes);
   void* busy_dst = dev.alloc(kBusyBytes);
   void* idx = pool ? dev.alloc(static_cast<size_t>(windows * batch * 4)) : nullptr;
@@ -226,10 +277,10 @@ void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool
   }
   {  // state values: a repeated random tile; pool indices: a random permutation of the slots, window by window
     std::vector<unsigned char> tile(static_cast<size_t>(slot_bytes));
-    fill_uniform(tile.data(), sd, kDim * kDstate, -1.f, 1.f, 5);
-    for (int64_t s = 0; s < slots; ++s)
-      cudaMemcpy(static_cast<unsigned char*>(state) + s * slot_bytes, tile.data(), tile.size(),
-                 cudaMemcpyHostToDevice);
+    fill_uniform(tile.data(), sd, sh.slot_elems(), -1.f, 1.f, 5);
+    cudaMemcpy(state, tile.data(), tile.size(), cudaMemcpyHostToDevice);
+    for (int64_t s = 1; s < slots; ++s)
+      cudaMemcpy(static_cast<unsigned char*>(state) + s * slot_bytes, state, tile.size(), cudaMemcpyDeviceToDevice);
     if (pool) {
       std::vector<int32_t> perm(static_cast<size_t>(slots));
       std::iota(perm.begin(), perm.end(), 0);
@@ -240,7 +291,7 @@ void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool
   std::vector<selscan_state_update_args_t> args;
   for (int64_t w = 0; w < windows; ++w)
     // dst: read this window's slots, write the next window's (as many bytes as in place, other addresses).
-    args.push_back(decode_args(ptrs, state, slots, sd, batch, w * batch,
+    args.push_back(decode_args(sh, ptrs, state, slots, sd, batch, w * batch,
                                pool ? static_cast<int32_t*>(idx) + w * batch : nullptr, out,
                                dst ? static_cast<int32_t*>(idx) + (w + 1) % windows * batch : nullptr));
   cudaStream_t stream = nullptr;
@@ -279,7 +330,7 @@ void run_cuda(benchmark::State& st, int64_t batch, selscan_dtype_t sd, bool pool
     times.push_back(t);
   }
   if (!times.empty()) {
-    set_counters(st, batch, sd, median_of(times), copy_bandwidth());
+    set_counters(st, sh, batch, sd, median_of(times), copy_bandwidth());
     st.counters["pool_MB"] = static_cast<double>(slots * slot_bytes) * 1e-6;
   }
   cudaEventDestroy(e0);
@@ -303,22 +354,30 @@ const bool registered = [] {
     return false;
   const struct {
     const char* name;
+    Shape sh;
     selscan_dtype_t sd;
     bool pool, dst;
-  } rows[] = {{"fp32", SELSCAN_DTYPE_FLOAT32, false, false},
-              {"fp32_pool", SELSCAN_DTYPE_FLOAT32, true, false},
-              {"fp32_pool_dst", SELSCAN_DTYPE_FLOAT32, true, true},
-              {"bf16", SELSCAN_DTYPE_BFLOAT16, false, false}};
-  for (const auto& r : rows)
-    for (int64_t bt : kBatches)
+  } rows[] = {{"fp32", kMamba1, SELSCAN_DTYPE_FLOAT32, false, false},
+              {"fp32_pool", kMamba1, SELSCAN_DTYPE_FLOAT32, true, false},
+              {"fp32_pool_dst", kMamba1, SELSCAN_DTYPE_FLOAT32, true, true},
+              {"bf16", kMamba1, SELSCAN_DTYPE_BFLOAT16, false, false},
+              {"m2_fp32", kMamba2, SELSCAN_DTYPE_FLOAT32, false, false},
+              {"m2_fp32_pool", kMamba2, SELSCAN_DTYPE_FLOAT32, true, false},
+              {"m2_bf16", kMamba2, SELSCAN_DTYPE_BFLOAT16, false, false},
+              {"m2_fp16", kMamba2, SELSCAN_DTYPE_FLOAT16, false, false}};
+  for (const auto& r : rows) {
+    std::vector<int64_t> batches(std::begin(kBatches), std::end(kBatches));
+    if (r.sh.heads) batches.assign(std::begin(kBatchesM2), std::end(kBatchesM2));
+    for (int64_t bt : batches)
       benchmark::RegisterBenchmark(("decode/cuda/" + std::string(r.name) + "/Bt=" + std::to_string(bt)).c_str(),
-                                   run_cuda, bt, r.sd, r.pool, r.dst)
+                                   run_cuda, r.sh, bt, r.sd, r.pool, r.dst)
           ->UseManualTime()
           // A fixed count: each iteration is a batch of kCalls steps behind a copy that keeps the GPU busy and
           // ends in a synchronisation, so it costs ~100x the per-step time it reports; left to itself the library
           // would run ~10^5 of them per row.
           ->Iterations(50)
           ->Unit(benchmark::kMicrosecond);
+  }
 #endif
   return true;
 }();

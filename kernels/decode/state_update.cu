@@ -15,7 +15,13 @@
 //     uniform; grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
 // The lanes and the vector paths are decided on the host (plan_state_update, src/state_update.cpp).
 // dt, x, z, B and C are tiny and read through runtime-dtype loads (FLOAT32 or x's dtype each): the only
-// compile-time parameter is the state dtype.
+// compile-time parameters are the state dtype and whether states go to other slots.
+//
+// Two kernels share that layout. The single-token kernel (T = 1, the decode step of every generated token, and
+// every block of channels inside one group) issues all its memory traffic at once: the slots of its sequences,
+// then their states, their per-channel inputs and, staged cooperatively in shared memory, their B and C rows, so a
+// thread waits for one round trip after the slot lookup instead of one more per sequence. The general kernel
+// (T > 1, or groups narrower than a block) walks the tokens of each sequence in turn.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -217,6 +223,219 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
   }
 }
 
+// ---------------------------------------------------------------------------------------------- one token
+// Sequences per block of the single-token kernel. Its states are loaded into registers for all of them before
+// anything is computed: with 4, a thread keeps 128 bytes of fp32 state (64 of 16-bit) in flight.
+constexpr int kSeqs1 = 4;
+// B and C of the block's group for its kSeqs1 sequences are staged by the whole block, in batches of kStageBatch
+// loads a thread: at most kStagePerThread elements a thread (kSeqs1 * 2 * kMaxDstate / kThreads), so at dstate 128
+// two batches, both L2 round trips well inside the states' trip to memory.
+constexpr int kStagePerThread = kSeqs1 * 2 * static_cast<int>(kMaxDstate) / kThreads;
+constexpr int kStageBatch = 4;
+// Resident blocks the single-token kernel asks for: 5 (96 registers) where its code fits without spilling, the
+// 16-bit in-place instances; 4 (128) for the others, which spill at 96 (ptxas -v, sm_90).
+template <typename S, bool kDst>
+constexpr int kMinBlocks1 = sizeof(S) == 2 && !kDst ? 5 : 4;
+
+// A lane's states of one slot as loaded: fp32 as floats, 16-bit states as their raw 16 bytes (half the
+// registers; converted when the step computes).
+template <typename S>
+struct LaneState {
+  float v[kStatesPerLane];
+  __device__ __forceinline__ void load(const S* p, int64_t stride, int valid, bool vec) { load_state(p, stride, valid, vec, v); }
+  __device__ __forceinline__ void get(float* out) const {
+#pragma unroll
+    for (int j = 0; j < kStatesPerLane; ++j) out[j] = v[j];
+  }
+};
+template <>
+struct LaneState<__half> {
+  uint4 raw;
+  __device__ __forceinline__ void load(const __half* p, int64_t stride, int valid, bool vec);
+  __device__ __forceinline__ void get(float* out) const { unpack16<__half>(raw, out); }
+};
+template <>
+struct LaneState<__nv_bfloat16> {
+  uint4 raw;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p, int64_t stride, int valid, bool vec);
+  __device__ __forceinline__ void get(float* out) const { unpack16<__nv_bfloat16>(raw, out); }
+};
+// 16-bit states: one streaming 16-byte load, or the scalar path's values packed into the same layout (0 past
+// `valid`).
+template <typename S>
+__device__ __forceinline__ uint4 load_raw16(const S* p, int64_t stride, int valid, bool vec) {
+  if (vec) return __ldcs(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = 2 * i < valid ? bits16(p[2 * i * stride]) : 0u;
+    const uint32_t hi = 2 * i + 1 < valid ? bits16(p[(2 * i + 1) * stride]) : 0u;
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void LaneState<__half>::load(const __half* p, int64_t stride, int valid, bool vec) {
+  raw = load_raw16(p, stride, valid, vec);
+}
+__device__ __forceinline__ void LaneState<__nv_bfloat16>::load(const __nv_bfloat16* p, int64_t stride, int valid,
+                                                               bool vec) {
+  raw = load_raw16(p, stride, valid, vec);
+}
+
+template <typename S, bool kDst>
+__global__ void __launch_bounds__(kThreads, kMinBlocks1<S, kDst>) state_update_1tok_kernel(const StateUpdate p, const StateUpdatePlan plan) {
+  constexpr int R = kSeqs1;
+  __shared__ __align__(16) float sbc[R][2][kMaxDstate];  // [sequence][B, C][state], fp32
+  const int P = static_cast<int>(p.headdim);
+  const int channels = static_cast<int>(p.heads) * P;
+  const int gtid = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  const int lane = gtid & (plan.lanes - 1);
+  int c = gtid >> plan.lane_bits;
+  const bool live = c < channels;
+  if (!live) c = channels - 1;
+  const int h = c / P, pp = c - h * P;
+  // Every channel of this block reads the same group (the host sends calls where groups are narrower than a
+  // block to the general kernel).
+  const int64_t g = h / p.heads_per_group;
+  const int n0 = lane * kStatesPerLane;
+  const int valid = static_cast<int>(p.dstate) - n0;
+  const int N = static_cast<int>(p.dstate);
+
+  float a[kStatesPerLane];
+  ld8(Dtype::f32, p.A, h * p.sA[0] + pp * p.sA[1] + n0 * p.sA[2], p.sA[2], valid, plan.vec_A && valid > 0, a);
+#pragma unroll
+  for (int j = 0; j < kStatesPerLane; ++j) a[j] *= kLog2e;
+  const float Dv = p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + h * p.sD[0] + pp * p.sD[1]) : 0.f;
+  const float bias =
+      p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + h * p.sbias[0] + pp * p.sbias[1]) : 0.f;
+  const int64_t cx = h * p.sx[2] + pp * p.sx[3], cdt = h * p.sdt[2] + pp * p.sdt[3];
+  const int64_t cz = h * p.sz[2] + pp * p.sz[3], co = h * p.sout[2] + pp * p.sout[3];
+  const int64_t cs = h * p.sstate[1] + pp * p.sstate[2] + n0 * p.sstate[3];
+  const bool writer = live && lane == 0;
+  const bool vec_state = plan.vec_state && valid > 0;
+
+  for (int64_t b0 = static_cast<int64_t>(blockIdx.y) * R; b0 < p.batch; b0 += static_cast<int64_t>(gridDim.y) * R) {
+    int kind[R];
+    S* sp[R];
+    S* dp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t b = b0 + r;
+      int64_t slot = b;
+      kind[r] = b < p.batch ? kRun : kNone;
+      if (kind[r] == kRun && p.idx != nullptr) {
+        slot = p.idx64 ? __ldg(static_cast<const long long*>(p.idx) + b * p.sidx)
+                       : __ldg(static_cast<const int*>(p.idx) + b * p.sidx);
+        if (slot == p.pad_slot) kind[r] = kPad;
+        else if (slot < 0 || slot >= p.slots) kind[r] = kBad;
+      }
+      sp[r] = static_cast<S*>(p.state) + (kind[r] == kRun ? slot * p.sstate[0] + cs : 0);
+      if constexpr (kDst) {
+        dp[r] = nullptr;
+        if (kind[r] == kRun) {
+          const int64_t d = p.dst64 ? __ldg(static_cast<const long long*>(p.dst) + b * p.sdst)
+                                    : __ldg(static_cast<const int*>(p.dst) + b * p.sdst);
+          if (d != p.pad_slot) {
+            if (d < 0 || d >= p.slots) kind[r] = kBad;
+            else dp[r] = static_cast<S*>(p.state) + d * p.sstate[0] + cs;
+          }
+        }
+      }
+    }
+    // Everything this step reads, in flight together: the states, the channel's x, dt and z, and B and C.
+    LaneState<S> ls[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (kind[r] == kRun) ls[r].load(sp[r], p.sstate[3], valid, vec_state);
+    float xv[R], dtv[R], zv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t b = b0 + r;
+      xv[r] = dtv[r] = zv[r] = 0.f;
+      if (kind[r] == kRun) {
+        xv[r] = ld(p.x_t, p.x, b * p.sx[0] + cx);
+        dtv[r] = ld(p.dt_t, p.dt, b * p.sdt[0] + cdt);
+        if (p.z != nullptr && writer) zv[r] = ld(p.z_t, p.z, b * p.sz[0] + cz);
+      }
+    }
+    const int staged = R * 2 * N;
+    for (int k0 = 0; k0 < kStagePerThread && static_cast<int>(threadIdx.x) + k0 * kThreads < staged;
+         k0 += kStageBatch) {
+      float v[kStageBatch];
+#pragma unroll
+      for (int k = 0; k < kStageBatch; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads;
+        v[k] = 0.f;
+        if (i < staged) {
+          const int r = i / (2 * N), rem = i - r * 2 * N, which = rem >= N, n = rem - which * N;
+          const int64_t b = b0 + r;
+          if (b < p.batch)
+            v[k] = which ? ld(p.C_t, p.C, b * p.sC[0] + g * p.sC[2] + n * p.sC[3])
+                         : ld(p.B_t, p.B, b * p.sB[0] + g * p.sB[2] + n * p.sB[3]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kStageBatch; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads;
+        if (i < staged) {
+          const int r = i / (2 * N), rem = i - r * 2 * N, which = rem >= N, n = rem - which * N;
+          sbc[r][which][n] = v[k];
+        }
+      }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t b = b0 + r;
+      if (kind[r] == kPad || kind[r] == kBad) {
+        if (writer) st(p.x_t, p.out, b * p.sout[0] + co, kind[r] == kPad ? 0.f : __int_as_float(0x7fffffff));
+      } else if (kind[r] == kRun) {
+        float dt = dtv[r] + bias;
+        if (p.softplus) dt = softplus(dt);
+        float Bv[kStatesPerLane], Cv[kStatesPerLane];
+        if (valid >= kStatesPerLane) {
+          const float4* bq = reinterpret_cast<const float4*>(&sbc[r][0][n0]);
+          const float4* cq = reinterpret_cast<const float4*>(&sbc[r][1][n0]);
+          const float4 b_lo = bq[0], b_hi = bq[1], c_lo = cq[0], c_hi = cq[1];
+          Bv[0] = b_lo.x, Bv[1] = b_lo.y, Bv[2] = b_lo.z, Bv[3] = b_lo.w;
+          Bv[4] = b_hi.x, Bv[5] = b_hi.y, Bv[6] = b_hi.z, Bv[7] = b_hi.w;
+          Cv[0] = c_lo.x, Cv[1] = c_lo.y, Cv[2] = c_lo.z, Cv[3] = c_lo.w;
+          Cv[4] = c_hi.x, Cv[5] = c_hi.y, Cv[6] = c_hi.z, Cv[7] = c_hi.w;
+        } else {
+#pragma unroll
+          for (int j = 0; j < kStatesPerLane; ++j) {
+            Bv[j] = j < valid ? sbc[r][0][n0 + j] : 0.f;
+            Cv[j] = j < valid ? sbc[r][1][n0 + j] : 0.f;
+          }
+        }
+        const float dtx = dt * xv[r];
+        float sv[kStatesPerLane];
+        ls[r].get(sv);
+        float y = 0.f;
+#pragma unroll
+        for (int j = 0; j < kStatesPerLane; ++j)
+          if (j < valid) {
+            sv[j] = fmaf(sv[j], exp2_fast(a[j] * dt), Bv[j] * dtx);
+            y = fmaf(sv[j], Cv[j], y);
+          }
+        for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
+        if (writer) {
+          y = fmaf(Dv, xv[r], y);
+          if (p.z != nullptr) y *= silu(zv[r]);
+          st(p.x_t, p.out, b * p.sout[0] + co, y);
+        }
+        if constexpr (kDst) {
+          if (live && valid > 0 && dp[r] != nullptr) store_state(dp[r], p.sstate[3], valid, plan.vec_state, sv);
+        } else {
+          if (live && valid > 0) store_state(sp[r], p.sstate[3], valid, plan.vec_state, sv);
+        }
+      }
+    }
+    __syncthreads();  // the next sequences' B and C overwrite the staging
+  }
+}
+
 }  // namespace
 }  // namespace selscan::kern
 
@@ -231,10 +450,19 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
                 static_cast<unsigned>(y < kMaxGridY ? y : kMaxGridY));
   };
   const auto s = static_cast<cudaStream_t>(stream);
+  // The single-token kernel needs every block's channels inside one group: block starts are multiples of
+  // kThreads / lanes channels, so it suffices that a group's channels are a multiple of that (or one group).
+  const int64_t block_channels = kThreads >> plan.lane_bits;
+  const bool one_token = p.tokens == 1 && (p.groups == 1 || (p.heads_per_group * p.headdim) % block_channels == 0);
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
-    if (p.dst != nullptr) state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
-    else state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    if (one_token) {
+      if (p.dst != nullptr) state_update_1tok_kernel<S, true><<<grid(kSeqs1), kThreads, 0, s>>>(p, plan);
+      else state_update_1tok_kernel<S, false><<<grid(kSeqs1), kThreads, 0, s>>>(p, plan);
+    } else {
+      if (p.dst != nullptr) state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+      else state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    }
   };
   switch (p.state_t) {
     case Dtype::f32: launch(float{}); break;

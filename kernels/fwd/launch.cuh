@@ -25,8 +25,8 @@ Status launch_kernel(Kernel* kernel, SmemLimit& limit, int64_t blocks, int threa
 }
 
 // The warp-scan forward with K steps per lane (its serving variant for calls with serving fields, and that
-// variant's block-mode instance for calls with state_block_size > 0).
-template <typename T, bool kComplex, int K, bool kServing, bool kBlocks = false>
+// variant's block-mode instances for calls with state_block_size > 0).
+template <typename T, bool kComplex, int K, bool kServing, int kBlocks = kNoBlocks>
 Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::Launch& l) {
   static SmemLimit limit;
   return launch_kernel(&fwd_warp_kernel<T, kComplex, K, cuda::fwd_warp::kMinBlocks, kServing, kBlocks>, limit,
@@ -51,10 +51,17 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
                  : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
-    if (p.serving)
-      return p.block_size > 0 ? launch_warp<T, false, cuda::fwd_warp::kItemsReal, true, true>(p, plan.warp, l)
-                              : launch_warp<T, false, cuda::fwd_warp::kItemsReal, true>(p, plan.warp, l);
-    return launch_warp<T, false, cuda::fwd_warp::kItemsReal, false>(p, plan.warp, l);
+    constexpr int K = cuda::fwd_warp::kItemsReal;
+    if (p.serving && p.block_size > 0) {
+      // Block mode: the aligned instance serves the sequences whose block ends fall on lanes' last steps, the
+      // unaligned one the rest (with a block size K does not divide, every sequence).
+      if (p.block_size % K == 0)
+        if (const Status s = launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l); s != SELSCAN_STATUS_SUCCESS)
+          return s;
+      return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
+    }
+    if (p.serving) return launch_warp<T, false, K, true>(p, plan.warp, l);
+    return launch_warp<T, false, K, false>(p, plan.warp, l);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
@@ -100,13 +101,16 @@ static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/c
 // kServing: the variant for serving calls (src/cuda/select.cpp routes every call with serving fields here), which
 // reads each sequence's offsets, slot and flags on the device (kernels/common/serving.cuh). A template parameter
 // rather than a run-time branch: the dense variant keeps its registers (the branch measured extra spills).
-// kBlocks: the serving variant that also writes block-boundary states (block-wise state caching); its own
-// instance for the same reason: its per-step stores raise the kernel's register spills (ptxas -v), which serving
-// calls without blocks need not pay (validation/optimisation-log.md).
-template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing, bool kBlocks>
+// kBlocks (a BlockMode): the serving variant that also writes block-boundary states (block-wise state caching), in
+// two instances of its own so that serving calls without blocks keep their code: one serves the sequences whose
+// block ends fall on lanes' last steps (K divides the block size and the context: a fresh prefill, a prefix-cache
+// hit, chunks of whole blocks) with no per-step work, the other every other sequence, with a store test per step
+// (which costs that instance registers and spills: ptxas -v, validation/optimisation-log.md). A call in block mode
+// launches both; each returns at once from the other's sequences.
+template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing, int kBlocks>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
                                                                                   int64_t tiles_per_group) {
-  static_assert(kServing || !kBlocks, "block mode is a serving call");
+  static_assert(kServing || kBlocks == kNoBlocks, "block mode is a serving call");
   using W = typename Weights<kComplex>::W;
   constexpr int NS = kStateTile<kComplex>;
   constexpr int kVpl = K * Weights<kComplex>::kCw / 4;
@@ -132,7 +136,9 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   // The sequence: a serving call's packed offsets, slot and flags; in a dense call batch row b over [0, seqlen)
   // (the expressions below then fold to the dense kernel's).
   Seq sq{};
-  if constexpr (kServing) sq = seq_of<kComplex, kBlocks>(p, b);
+  if constexpr (kServing) sq = seq_of<kComplex, kBlocks != kNoBlocks>(p, b);
+  if constexpr (kBlocks != kNoBlocks)  // the other block-mode instance serves this sequence
+    if (blocks_aligned_seq(sq, K) != (kBlocks == kBlocksAligned)) return;
   const int64_t L = kServing ? sq.len : p.seqlen;
 
   float4* sB = smem;
@@ -214,14 +220,24 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
         du[k] = v * du[k];
       }
     }
-    // Block mode: bit k set where the lane's step k ends a block strictly inside the sequence; the state after it
-    // goes to that block's slot.
+    // Unaligned block mode: bit k set where the lane's step k ends a block strictly inside the sequence; the state
+    // after it goes to that block's slot.
     unsigned bmask = 0;
-    if constexpr (kBlocks) {
-      if (sq.block > 0)
+    if constexpr (kBlocks == kBlocksUnaligned) {
 #pragma unroll
-        for (int k = 0; k < K; ++k)
-          if (tl + k < L - 1 && (sq.ctx + tl + k + 1) % sq.block == 0) bmask |= 1u << k;
+      for (int k = 0; k < K; ++k)
+        if (tl + k < L - 1 && (sq.ctx + tl + k + 1) % sq.block == 0) bmask |= 1u << k;
+    }
+    // Aligned block mode: where channel d's states go when the lane's last step ends a block strictly inside the
+    // sequence (nullptr: it does not, or the block's entry is pad_slot_id), worked out once per piece.
+    W* bstate = nullptr;
+    if constexpr (kBlocks == kBlocksAligned) {
+      const int64_t last = tl + K - 1;
+      if (last < L - 1 && (sq.ctx + last + 1) % sq.block == 0) {
+        const int64_t slot = table_entry(p, b, (sq.ctx + last) / sq.block);
+        if (slot != p.pad_slot_id)
+          bstate = static_cast<W*>(state_row<kComplex>(p.ssm_states, slot).p) + d * p.ssm_states.s[1];
+      }
     }
     for (int64_t n0 = 0; n0 < N; n0 += NS) {
       const int ns = static_cast<int>(N - n0 < NS ? N - n0 : NS);
@@ -273,30 +289,43 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
         warp_scan_fwd(Pa, Hb, lane);
         W h = shfl_up(Hb, 1);
         if (lane == 0) h = cH;
-        if (var_C) {
-          W cv[K];
-          fwd_read_stage<kComplex, K>(sC, nn, lane, cv);
-          if (fold_B) {  // constant B joins the coefficient
+        // The lane's K steps; with kStores (the unaligned block-mode instance) each block end among them stores its
+        // state.
+        const auto steps = [&](auto stores) {
+          constexpr bool kStores = decltype(stores)::value;
+          if (var_C) {
+            W cv[K];
+            fwd_read_stage<kComplex, K>(sC, nn, lane, cv);
+            if (fold_B) {  // constant B joins the coefficient
+              const W cc = sCc[n];
+#pragma unroll
+              for (int k = 0; k < K; ++k) cv[k] = wmul(cc, cv[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+              h = wfma(a[k], h, bb[k]);
+              if constexpr (kStores)
+                if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
+              y[k] = fwd_out_acc(h, cv[k], y[k]);
+            }
+          } else {
             const W cc = sCc[n];
 #pragma unroll
-            for (int k = 0; k < K; ++k) cv[k] = wmul(cc, cv[k]);
+            for (int k = 0; k < K; ++k) {
+              h = wfma(a[k], h, bb[k]);
+              if constexpr (kStores)
+                if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
+              y[k] = fwd_out_acc(h, cc, y[k]);
+            }
           }
-#pragma unroll
-          for (int k = 0; k < K; ++k) {
-            h = wfma(a[k], h, bb[k]);
-            if constexpr (kBlocks)
-              if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
-            y[k] = fwd_out_acc(h, cv[k], y[k]);
-          }
+        };
+        if constexpr (kBlocks == kBlocksUnaligned) {
+          steps(std::true_type{});
         } else {
-          const W cc = sCc[n];
-#pragma unroll
-          for (int k = 0; k < K; ++k) {
-            h = wfma(a[k], h, bb[k]);
-            if constexpr (kBlocks)
-              if ((bmask >> k) & 1u) store_block_state<kComplex>(p, sq, b, tl + k, d, n, h);
-            y[k] = fwd_out_acc(h, cc, y[k]);
-          }
+          steps(std::false_type{});
+          // Aligned blocks: only the lane's last step can end a block, and its state is the loop's last.
+          if constexpr (kBlocks == kBlocksAligned)
+            if (bstate != nullptr) bstate[n * p.ssm_states.s[2]] = h;
         }
         __syncwarp();  // lane 0's read of this state's carry precedes lane 31's update
         if (lane == 31) {
