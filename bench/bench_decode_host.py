@@ -1,14 +1,21 @@
-"""Host cost of one decode step through selscan.torch on CUDA: the wall time per call of
+"""Host cost of one decode step through the Python binding: the wall time per call of
 
   eager   selscan.torch.selective_state_update(...)              (the binding's cached call plan, no dispatcher)
   op      torch.ops.selscan.selective_state_update(...)         (the custom op, as torch.compile calls it)
-  ref     torch.add(x, z)                                        (one small torch kernel launch, for scale)
+  vllm    selscan.integrations.vllm.selective_state_update(...) (vLLM's signature, out given: no allocation)
+  lib     the C ABI alone: selscan_state_update on the eager call's argument struct (ctypes call included)
+  alloc   torch.empty_like(x)                                    (the output allocation inside eager)
+  ref     torch.add(x, z)                                        (one small torch op, for scale)
 
-with the GPU kept busy (torch.cuda._sleep before each group of calls), so that no call waits for the device and
-the time is the host's alone: argument handling, output allocation, the library's checks and the launch.
-Acceptance (issue #14): <= 20 us per decode step.
+and the binding's own cost, eager - lib (argument checks, allocation, pointers, ctypes).
 
-    SELSCAN_LIBRARY=build/<preset>/libselscan.so PYTHONPATH=python python3 bench/bench_decode_host.py
+On CUDA (the default when torch sees a GPU) the GPU is kept busy (torch.cuda._sleep before each group of calls),
+so that no call waits for the device and the time is the host's alone; lib is then the library's checks and the
+kernel launch. Acceptance: eager <= 15 us per decode step, lib <= 3 us (H200 host).
+On the CPU (--device cpu, or no GPU) the library runs the step itself, so the default shape is tiny and lib is
+mostly the library's checks; eager - lib is the binding's overhead, the same Python work as on CUDA.
+
+    SELSCAN_LIBRARY=build/<preset>/libselscan.so PYTHONPATH=python python3 bench/bench_decode_host.py [--device cpu]
 """
 
 import argparse
@@ -18,53 +25,96 @@ import time
 import torch
 
 import selscan  # noqa: F401  (loads the library)
+from selscan import _plan
 from selscan.torch import selective_state_update
+
+try:
+    from selscan.integrations import vllm as _vllm
+except ImportError:  # a binding without the integration (an older checkout)
+    _vllm = None
+
+
+def _eager_plan():
+    """The call plan of the eager calls made so far (the one signature this benchmark uses)."""
+    for entry in _plan.cache("state_update").values():
+        plan = getattr(entry, "plan", None) or getattr(entry, "__globals__", {}).get("plan")
+        if plan is not None:
+            return plan
+    return None
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--dim", type=int, default=5120)
-    ap.add_argument("--dstate", type=int, default=16)
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--batch", type=int, default=None, help="default 64 on CUDA, 1 on the CPU")
+    ap.add_argument("--dim", type=int, default=None, help="default 5120 on CUDA, 8 on the CPU")
+    ap.add_argument("--dstate", type=int, default=None, help="default 16 on CUDA, 8 on the CPU")
     ap.add_argument("--group", type=int, default=200, help="calls per timed group")
     ap.add_argument("--groups", type=int, default=30)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_decode_host.py: torch sees no CUDA device")
-    dev = torch.device("cuda")
-    Bt, D, N = args.batch, args.dim, args.dstate
-    bf = torch.bfloat16
-    x, dt, z = (torch.randn(Bt, D, device=dev, dtype=bf) for _ in range(3))
-    B, C = (torch.randn(Bt, N, device=dev, dtype=bf) for _ in range(2))
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("bench_decode_host.py: --device cuda but torch sees no CUDA device")
+    dev = torch.device("cuda" if cuda else "cpu")
+    Bt = args.batch or (64 if cuda else 1)
+    D = args.dim or (5120 if cuda else 8)
+    N = args.dstate or (16 if cuda else 8)
+    io = torch.bfloat16 if cuda else torch.float32
+    x, dt, z = (torch.randn(Bt, D, device=dev, dtype=io) for _ in range(3))
+    B, C = (torch.randn(Bt, N, device=dev, dtype=io) for _ in range(2))
     A = -torch.rand(D, N, device=dev) - 0.5
     Dw, bias = torch.randn(D, device=dev), torch.rand(D, device=dev) - 4
     pool = torch.randn(4 * Bt, D, N, device=dev)
     slots = torch.randperm(4 * Bt, device=dev)[:Bt].to(torch.int32)
+    out = torch.empty_like(x)
+
+    def eager():
+        return selective_state_update(pool, x, dt, A, B, C, D=Dw, z=z, dt_bias=bias, dt_softplus=True,
+                                      state_batch_indices=slots)
 
     paths = {
-        "eager": lambda: selective_state_update(pool, x, dt, A, B, C, D=Dw, z=z, dt_bias=bias, dt_softplus=True,
-                                                state_batch_indices=slots),
+        "eager": eager,
         "op": lambda: torch.ops.selscan.selective_state_update(pool, x, dt, A, B, C, Dw, z, bias, True, slots, -1),
-        "ref": lambda: torch.add(x, z),
     }
-    # GPU time of one group of calls, so that the sleep in front of a timed group outlasts its enqueueing.
-    sleep_cycles = int(2e9 * args.group * 60e-6)
-    print(f"Bt={Bt} D={D} N={N}, {args.groups} groups of {args.group} calls, GPU kept busy; "
-          f"{torch.cuda.get_device_name()}")
+    if _vllm is not None:
+        paths["vllm"] = lambda: _vllm.selective_state_update(pool, x, dt, A, B, C, Dw, z, bias, dt_softplus=True,
+                                                              state_batch_indices=slots, pad_slot_id=-1, out=out)
+    keep = eager()
+    plan = _eager_plan()
+    if plan is not None:
+        paths["lib"] = lambda: plan.fn(plan.a_addr, plan.e_addr)
+    paths["alloc"] = lambda: torch.empty_like(x)
+    paths["ref"] = lambda: torch.add(x, z)
+
+    sleep_cycles = int(2e9 * args.group * 60e-6)  # GPU time that outlasts the enqueueing of one group
+    where = torch.cuda.get_device_name() if cuda else "CPU path (the library computes the step on this thread)"
+    print(f"Bt={Bt} D={D} N={N} {str(io).replace('torch.', '')}, {args.groups} groups of {args.group} calls"
+          f"{', GPU kept busy' if cuda else ''}; {where}")
     print(f"{'path':8s} {'us/call (median)':>18s} {'min':>8s}")
+    med = {}
     for name, fn in paths.items():
+        if name == "lib":
+            keep = eager()  # the plan's struct points at live tensors again (`keep` is its out): the lib row
+            # rewrites that out, never memory another call's freed output had
         for _ in range(50):
             fn()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         per_call = []
         for _ in range(args.groups):
-            torch.cuda._sleep(sleep_cycles)
+            if cuda:
+                torch.cuda._sleep(sleep_cycles)
             t0 = time.perf_counter()
             for _ in range(args.group):
                 fn()
             per_call.append((time.perf_counter() - t0) / args.group * 1e6)
-            torch.cuda.synchronize()
-        print(f"{name:8s} {statistics.median(per_call):18.2f} {min(per_call):8.2f}")
+            if cuda:
+                torch.cuda.synchronize()
+        med[name] = statistics.median(per_call)
+        print(f"{name:8s} {med[name]:18.2f} {min(per_call):8.2f}")
+    if "lib" in med:
+        print(f"binding (eager - lib): {med['eager'] - med['lib']:.2f} us per call")
+    del keep
 
 
 if __name__ == "__main__":
