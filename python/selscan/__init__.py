@@ -239,3 +239,11 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, h0, softplus, want_last, num_thread
 from ._decode import selective_state_update  # noqa: E402
 
 __all__.append("selective_state_update")
+
+
+# ------------------------------------------------------------------------------------------- causal conv1d
+# selscan.causal_conv1d_fn / causal_conv1d_update / causal_conv1d_bwd (python/selscan/_conv1d.py): numpy, torch
+# and CuPy; for autograd use selscan.torch.causal_conv1d_fn.
+from ._conv1d import causal_conv1d_bwd, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+
+__all__ += ["causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_bwd"]

@@ -11,7 +11,7 @@ import sys
 
 # The header version this binding was written against (SELSCAN_VERSION = major*10000 + minor*100 + patch).
 HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 4
+HEADER_VERSION_MINOR = 5
 HEADER_VERSION_PATCH = 0
 HEADER_VERSION = HEADER_VERSION_MAJOR * 10000 + HEADER_VERSION_MINOR * 100 + HEADER_VERSION_PATCH
 
@@ -147,6 +147,47 @@ class StateUpdateArgs(ctypes.Structure):
     )
 
 
+# The causal depthwise convolution (since 0.5, header section 5c).
+ACTIVATION_NONE = 0
+ACTIVATION_SILU = 1  # causal-conv1d's "silu" and "swish"
+
+
+class Conv1dFwdArgs(ctypes.Structure):
+    """selscan_conv1d_fwd_args_t."""
+
+    _fields_ = (
+        [("struct_size", ctypes.c_size_t)]
+        + [(n, Tensor) for n in ("x", "weight", "bias", "seq_idx", "initial_states")]
+        + [("activation", ctypes.c_int32), ("flags", ctypes.c_int32)]
+        + [(n, Tensor) for n in ("out", "final_states")]
+        + [(n, Tensor) for n in ("cu_seqlens", "conv_states", "cache_indices", "has_initial_state")]
+        + [("pad_slot_id", ctypes.c_int64)]
+    )
+
+
+class Conv1dBwdArgs(ctypes.Structure):
+    """selscan_conv1d_bwd_args_t."""
+
+    _fields_ = (
+        [("struct_size", ctypes.c_size_t)]
+        + [(n, Tensor) for n in ("x", "weight", "bias", "seq_idx", "initial_states")]
+        + [("activation", ctypes.c_int32), ("deterministic", ctypes.c_int32)]
+        + [(n, Tensor) for n in ("cu_seqlens", "dout", "dfinal_states", "dx", "dweight", "dbias", "dinitial_states")]
+        + [("flags", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+    )
+
+
+class Conv1dUpdateArgs(ctypes.Structure):
+    """selscan_conv1d_update_args_t (the decode update)."""
+
+    _fields_ = (
+        [("struct_size", ctypes.c_size_t)]
+        + [(n, Tensor) for n in ("x", "weight", "bias", "cache_seqlens", "conv_state_indices")]
+        + [("pad_slot_id", ctypes.c_int64), ("activation", ctypes.c_int32), ("flags", ctypes.c_int32)]
+        + [("conv_state", Tensor), ("out", Tensor)]
+    )
+
+
 def _lib_names():
     if sys.platform == "win32":
         return ["selscan.dll", "libselscan.dll"]
@@ -222,6 +263,20 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    # Entry points a library may lack (a build older than this binding): declared where present; calling a missing
+    # one raises SelscanError naming it (_plan._fn).
+    optional = {
+        "selscan_conv1d_fwd": (c_status, [ctypes.POINTER(Conv1dFwdArgs), ctypes.POINTER(Exec)]),
+        "selscan_conv1d_bwd_workspace_size": (
+            c_status, [ctypes.POINTER(Conv1dBwdArgs), ctypes.POINTER(Exec), ctypes.POINTER(ctypes.c_size_t)]),
+        "selscan_conv1d_bwd": (c_status, [ctypes.POINTER(Conv1dBwdArgs), ctypes.POINTER(Exec)]),
+        "selscan_conv1d_update": (c_status, [ctypes.POINTER(Conv1dUpdateArgs), ctypes.POINTER(Exec)]),
+    }
+    for name, (res, args) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
 
 
 _HOW_TO_FIX = (
@@ -315,6 +370,26 @@ def new_state_update_args():
     a = StateUpdateArgs()
     a.struct_size = ctypes.sizeof(StateUpdateArgs)
     a.pad_slot_id = -1  # as SELSCAN_STATE_UPDATE_ARGS_INIT
+    return a
+
+
+def new_conv1d_fwd_args():
+    a = Conv1dFwdArgs()
+    a.struct_size = ctypes.sizeof(Conv1dFwdArgs)
+    a.pad_slot_id = -1  # as SELSCAN_CONV1D_FWD_ARGS_INIT
+    return a
+
+
+def new_conv1d_bwd_args():
+    a = Conv1dBwdArgs()
+    a.struct_size = ctypes.sizeof(Conv1dBwdArgs)
+    return a
+
+
+def new_conv1d_update_args():
+    a = Conv1dUpdateArgs()
+    a.struct_size = ctypes.sizeof(Conv1dUpdateArgs)
+    a.pad_slot_id = -1  # as SELSCAN_CONV1D_UPDATE_ARGS_INIT
     return a
 
 

@@ -33,6 +33,9 @@ _KINDS = {
     "fwd": (_lib.new_fwd_args, "selscan_fwd", "selscan_fwd_workspace_size"),
     "bwd": (_lib.new_bwd_args, "selscan_bwd", "selscan_bwd_workspace_size"),
     "state_update": (_lib.new_state_update_args, "selscan_state_update", None),
+    "conv1d_fwd": (_lib.new_conv1d_fwd_args, "selscan_conv1d_fwd", None),
+    "conv1d_bwd": (_lib.new_conv1d_bwd_args, "selscan_conv1d_bwd", "selscan_conv1d_bwd_workspace_size"),
+    "conv1d_update": (_lib.new_conv1d_update_args, "selscan_conv1d_update", None),
 }
 _FNS = {}  # entry point name -> its raw handle, made at first use (an older library may lack a newer entry)
 

@@ -598,3 +598,10 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 from ._decode_torch import selective_state_update, selective_state_update_op  # noqa: E402
 
 __all__ += ["selective_state_update", "selective_state_update_op"]
+
+
+# ------------------------------------------------------------------------------------------- causal conv1d
+# selscan.torch.causal_conv1d_fn / causal_conv1d_update and the ops selscan::causal_conv1d_* (_conv1d_torch.py).
+from ._conv1d_torch import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+
+__all__ += ["causal_conv1d_fn", "causal_conv1d_update"]
