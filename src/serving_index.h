@@ -14,12 +14,15 @@ inline int64_t index_entry(const View& v, bool i64, int64_t i) {
   return i64 ? static_cast<const int64_t*>(v.p)[i * v.s[0]] : static_cast<const int32_t*>(v.p)[i * v.s[0]];
 }
 
-// Whether sequence b starts from its h0 row or slot as far as has_initial_state says (absent: yes).
-inline bool has_initial_state(const Problem& p, int64_t b) {
-  if (!p.has_init.present()) return true;
-  return p.init_i32 ? static_cast<const int32_t*>(p.has_init.p)[b * p.has_init.s[0]] != 0
-                    : static_cast<const unsigned char*>(p.has_init.p)[b * p.has_init.s[0]] != 0;
+// Entry b of a has_initial_state view (int32, or one byte per entry) as a flag; absent: true.
+inline bool flag_entry(const View& v, bool i32, int64_t b) {
+  if (!v.present()) return true;
+  return i32 ? static_cast<const int32_t*>(v.p)[b * v.s[0]] != 0
+             : static_cast<const unsigned char*>(v.p)[b * v.s[0]] != 0;
 }
+
+// Whether sequence b starts from its h0 row or slot as far as has_initial_state says (absent: yes).
+inline bool has_initial_state(const Problem& p, int64_t b) { return flag_entry(p.has_init, p.init_i32, b); }
 
 // Block mode: the tokens of sequence b processed by earlier calls (context_lens absent: 0).
 inline int64_t context_len(const Problem& p, int64_t b) {

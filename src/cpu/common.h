@@ -101,6 +101,23 @@ inline void store_row(Dtype it, void* base, int64_t off, int64_t n, const float*
   }
 }
 
+// One element of a float tensor of dtype t at element offset `off` (strided access).
+inline float load_f(Dtype t, const void* base, int64_t off) {
+  switch (t) {
+    case Dtype::f16: return half_to_float(static_cast<const uint16_t*>(base)[off]);
+    case Dtype::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
+    default: return static_cast<const float*>(base)[off];
+  }
+}
+
+inline void store_f(Dtype t, void* base, int64_t off, float v) {
+  switch (t) {
+    case Dtype::f16: static_cast<uint16_t*>(base)[off] = float_to_half(v); break;
+    case Dtype::bf16: static_cast<uint16_t*>(base)[off] = float_to_bf16(v); break;
+    default: static_cast<float*>(base)[off] = v;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- complex
 struct cfloat {
   float re, im;

@@ -18,22 +18,6 @@ namespace {
 // Channels per task.
 constexpr int64_t kChannelsPerTask = 256;
 
-float load_f(Dtype t, const void* base, int64_t off) {
-  switch (t) {
-    case Dtype::f16: return half_to_float(static_cast<const uint16_t*>(base)[off]);
-    case Dtype::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
-    default: return static_cast<const float*>(base)[off];
-  }
-}
-
-void store_f(Dtype t, void* base, int64_t off, float v) {
-  switch (t) {
-    case Dtype::f16: static_cast<uint16_t*>(base)[off] = float_to_half(v); break;
-    case Dtype::bf16: static_cast<uint16_t*>(base)[off] = float_to_bf16(v); break;
-    default: static_cast<float*>(base)[off] = v;
-  }
-}
-
 struct Scratch {
   std::vector<float> s, A, B, C;  // state [N], A [N], B and C of one group [T][N]
   int64_t group = -1;             // the group B and C hold
