@@ -25,7 +25,7 @@ import time
 import torch
 
 import selscan  # noqa: F401  (loads the library)
-from selscan import _plan
+from selscan import _decode, _plan
 from selscan.torch import selective_state_update
 
 try:
@@ -36,8 +36,11 @@ except ImportError:  # a binding without the integration (an older checkout)
 
 def _eager_plan():
     """The call plan of the eager calls made so far (the one signature this benchmark uses)."""
-    for entry in _plan.cache("state_update").values():
-        plan = getattr(entry, "plan", None) or getattr(entry, "__globals__", {}).get("plan")
+    tls = getattr(_decode, "_tls", None)  # torch calls: generated steps by x's shape
+    for steps in (tls.__dict__.get("steps", {}) if tls is not None else {}).values():
+        return steps[0].plan
+    for call in _plan.cache("state_update").values():  # older bindings
+        plan = getattr(call, "plan", None) or getattr(call, "__globals__", {}).get("plan")
         if plan is not None:
             return plan
     return None

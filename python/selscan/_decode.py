@@ -2,7 +2,7 @@
 
     out = selscan.selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                                          state_batch_indices=None, pad_slot_id=-1,
-                                         dst_state_batch_indices=None)
+                                         dst_state_batch_indices=None, out=None)
 
 Upstream mamba_ssm's argument order and meaning (mamba_ssm.ops.triton.selective_state_update); `state` is
 updated in place and `out` (x's shape and dtype) is returned. Shapes (docs/serving.md):
@@ -13,12 +13,16 @@ slot idx[b]; an entry equal to pad_slot_id skips the sequence (its out is 0, no 
 dst_state_batch_indices (Bt,) as well, sequence b reads slot idx[b] and writes its updated state to slot dst[b]
 (vLLM's and FlashInfer's argument; a dst entry equal to pad_slot_id computes out and writes no state).
 
+`out`, when given, is written in place (x's shape and dtype, any strides) and returned.
+
 Per-call host work is kept to what the call needs: the argument struct of a call signature (dtypes, shapes,
 strides, devices, flags) is built once per thread, and later calls with that signature write only the data
-pointers and the stream into it (a call plan of _plan.py, as the scan uses).
+pointers and the stream into it (a call plan of _plan.py, as the scan uses). torch tensors take torch_step,
+which checks a call against its plan in one generated function (below).
 """
 
 import sys
+import threading
 
 import numpy as np
 
@@ -37,6 +41,8 @@ class _Torch:
 
     def __init__(self):
         import torch
+        global _torch_tensor
+        _torch_tensor = torch.Tensor  # later calls take torch_step
         self.torch = torch
         t = torch
         self.codes = {t.float32: "fp32", t.float16: "fp16", t.bfloat16: "bf16", t.int32: "i32", t.int64: "i64"}
@@ -176,11 +182,11 @@ def _framework(x):
 
 
 # ------------------------------------------------------------------------------------------------ the call
-def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx, dst):
+def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx, dst, out):
     """The arguments in dtypes the library takes (copies only where the caller's dtype is not one). The state
-    is never copied: it is updated in place."""
+    and out are never copied: the library writes them."""
     ins = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
-           "state_batch_indices": idx, "state": state, "dst_state_batch_indices": dst}
+           "state_batch_indices": idx, "state": state, "dst_state_batch_indices": dst, "out": out}
     for name in ("x", "dt", "A", "B", "C", "state"):
         if ins[name] is None:
             raise SelscanError(f"{name} is required (got None)", _lib.STATUS_INVALID_ARGUMENT)
@@ -207,43 +213,20 @@ def _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx, dst):
     if sc not in ("fp32", xc):
         raise SelscanError(f"state: dtype {ins['state'].dtype} cannot be used: the state is updated in place, so it "
                            f"must be float32 or x's dtype ({x.dtype})", _lib.STATUS_DTYPE_MISMATCH)
+    if out is not None and fw.describe(ins["out"])[0] != xc:
+        raise SelscanError(f"out: dtype {ins['out'].dtype} cannot be used: the library writes out in x's dtype "
+                           f"({x.dtype})", _lib.STATUS_DTYPE_MISMATCH)
     return ins
 
 
-def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, pad_slot_id=-1, num_threads=0, dst_state_batch_indices=None):
-    """One decode step (or T tokens per sequence): updates `state` in place and returns out (x's shape and dtype).
-
-    numpy arrays run on the CPU path (num_threads workers, 0 = all); torch tensors where they live (CUDA: the
-    current stream of x's device); CuPy arrays on their device's current stream. See the module docstring for
-    the shapes and docs/serving.md for the math. dst_state_batch_indices: write sequence b's updated state to
-    slot dst[b] instead of the slot it was read from (needs state_batch_indices).
-    """
-    fw = _framework(x)
-    if fw is None:
-        x = np.asarray(x)
-        fw = _framework(x)
+def _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, pad, dst, out, num_threads):
+    """The first call of a signature (and every call that needs a conversion): conversions, then a call plan.
+    Returns (out, the plan, whether the caller's arrays went to the library as given)."""
     kind, dev = fw.device(x)
-    softplus = 1 if dt_softplus else 0
-    pad = int(pad_slot_id)
-    dst = dst_state_batch_indices
-    given = (x, dt, A, B, C, D, z, dt_bias, state_batch_indices, state)
-    sig = fw.sig
-    try:
-        key = (kind, dev, softplus, pad, num_threads, sig(x), sig(dt), sig(A), sig(B), sig(C), sig(D), sig(z),
-               sig(dt_bias), sig(state_batch_indices), sig(state), sig(dst))
-    except AttributeError:  # an argument of another type: the general path reports it
-        key = None
-    plans = _plan.cache("state_update")
-    call = plans.get(key) if key is not None and _plan.ENABLED else None
-    if call is not None:
-        out = fw.empty(x)
-        call(given + (out, dst), fw.stream(kind, dev), 0)
-        return out
-    # The general path: conversions, then a call plan for this signature.
-    named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, dst)
-    x = named["x"]
-    named["out"] = out = fw.empty(x)
+    given_out = out
+    named = _prepare(fw, state, x, dt, A, B, C, D, z, dt_bias, idx, dst, out)
+    if out is None:
+        named["out"] = out = fw.empty(named["x"])
     specs, positions = {}, []
     for i, name in enumerate(_NAMES):
         a = named.get(name)
@@ -259,8 +242,148 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     plan = _plan.Plan("state_update", specs, [0] * len(specs), {"dt_softplus": softplus, "pad_slot_id": pad},
                       kind, dev, num_threads)
     call = plan.caller(positions, fw.ptr_expr)
-    # Only a signature that needed no conversion is cached: a cached call passes the caller's arrays as they are.
-    if key is not None and all(a is b for a, b in zip(ins, given + (out, dst))):
-        plans[key] = call
+    call.plan = plan
     call(ins, fw.stream(kind, dev), 0)
+    as_given = all(a is b for a, b in zip(ins, (x, dt, A, B, C, D, z, dt_bias, idx, state, given_out, dst))
+                   if b is not None)
+    return out, specs, call, as_given
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=-1, num_threads=0, dst_state_batch_indices=None,
+                           out=None):
+    """One decode step (or T tokens per sequence): updates `state` in place and returns out (x's shape and dtype).
+
+    numpy arrays run on the CPU path (num_threads workers, 0 = all); torch tensors where they live (CUDA: the
+    current stream of x's device); CuPy arrays on their device's current stream. See the module docstring for
+    the shapes and docs/serving.md for the math. dst_state_batch_indices: write sequence b's updated state to
+    slot dst[b] instead of the slot it was read from (needs state_batch_indices). out: written in place and
+    returned (x's shape and dtype; any strides) instead of a new array.
+    """
+    if _torch_tensor is not None and isinstance(x, _torch_tensor):
+        return torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                          dst_state_batch_indices, out, num_threads)
+    fw = _framework(x)
+    if fw is None:
+        x = np.asarray(x)
+        fw = _framework(x)
+    kind, dev = fw.device(x)
+    softplus = 1 if dt_softplus else 0
+    pad = int(pad_slot_id)
+    dst = dst_state_batch_indices
+    given = (x, dt, A, B, C, D, z, dt_bias, state_batch_indices, state)
+    sig = fw.sig
+    try:
+        key = (kind, dev, softplus, pad, num_threads, sig(x), sig(dt), sig(A), sig(B), sig(C), sig(D), sig(z),
+               sig(dt_bias), sig(state_batch_indices), sig(state), sig(dst), sig(out))
+    except AttributeError:  # an argument of another type: the general path reports it
+        key = None
+    plans = _plan.cache("state_update")
+    call = plans.get(key) if key is not None and _plan.ENABLED else None
+    if call is not None:
+        if out is None:
+            out = fw.empty(x)
+        call(given + (out, dst), fw.stream(kind, dev), 0)
+        return out
+    out, _, call, as_given = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, state_batch_indices,
+                                      pad, dst, out, num_threads)
+    # Only a signature that needed no conversion is cached: a cached call passes the caller's arrays as they are.
+    if key is not None and as_given:
+        plans[key] = call
     return out
+
+
+# ------------------------------------------------------------------------------------------------ torch
+# The eager torch call is the one a decode loop makes per layer and token, so its host time is the budget
+# (bench/bench_decode_host.py). Per signature a function is generated that compares each tensor's shape, strides,
+# dtype and device with the plan's constants (the library reads the tensors through the plan's struct, so these
+# must match exactly), then writes the data pointers and the stream into the struct and calls the library. The
+# functions of a thread are found by x's shape, most recent first.
+
+_torch_tensor = None  # torch.Tensor once torch is imported (set by _decode_torch; numpy-only use never imports it)
+_MAX_STEPS = 8  # per x shape and thread; past it the oldest is dropped
+_MAX_SHAPES = 256  # x shapes per thread (as _plan's caches)
+_tls = threading.local()
+
+_STEP_ARGS = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "softplus", "idx", "pad", "dst", "out",
+              "nt")
+_STEP_TENSORS = {"x": "x", "dt": "dt", "A": "A", "B": "B", "C": "C", "D": "D", "z": "z", "dt_bias": "dt_bias",
+                 "state_batch_indices": "idx", "state": "state", "dst_state_batch_indices": "dst", "out": "out"}
+
+
+def _torch_step_fn(plan, specs, devnum, softplus, pad, num_threads, alloc_out, torch):
+    """The generated per-signature function: returns out, or None when an argument does not match the plan."""
+    checks, writes = [f"(not softplus) is {not softplus}", f"nt == {num_threads}"], []
+    dtypes = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "i32": "i32", "i64": "i64"}
+    for name, arg in _STEP_TENSORS.items():
+        if name not in specs:
+            if not (name == "out" and alloc_out):
+                checks.append(f"{arg} is None")
+            continue
+        code, shape, strides = specs[name]
+        if name == "out" and alloc_out:  # allocated below from x: its layout follows from x's shape
+            continue
+        checks.append(f"{arg}.shape == {tuple(shape)!r} and {arg}.stride() == {tuple(strides)!r} and "
+                      f"{arg}.dtype is {dtypes[code]} and {arg}.get_device() == {devnum}")
+    if "state_batch_indices" in specs:
+        checks.append(f"pad == {pad}")
+    if alloc_out:
+        checks.append("out is None")
+        writes += ["out = empty_like(x, memory_format=contiguous)", "if backends.POISON:",
+                   "    out.fill_(nan)"]
+    for slot, name in zip(plan.slots, specs):
+        writes.append(f"q[{slot}] = {_STEP_TENSORS[name]}.data_ptr()")
+    if devnum >= 0:
+        writes.append(f"eq[{_plan._EX_STREAM}] = raw_stream({devnum})")
+    src = (f"def step({', '.join(_STEP_ARGS)}):\n"
+           f"    if not ({' and '.join(checks)}):\n        return None\n"
+           + "".join(f"    {w}\n" for w in writes)
+           + "    status = fn(a, e)\n    if status:\n        fail(status)\n    return out\n")
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+    scope = {"q": plan.q, "eq": plan.eq, "fn": plan.fn, "a": plan.a_addr, "e": plan.e_addr, "plan": plan,
+             "fail": plan._fail, "empty_like": torch.empty_like, "contiguous": torch.contiguous_format,
+             "backends": _backends, "nan": float("nan"), "raw_stream": raw_stream,
+             "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32,
+             "i64": torch.int64}
+    exec(compile(src, "<selscan decode step>", "exec"), scope)
+    step = scope["step"]
+    step.plan = plan
+    return step
+
+
+def _thread_steps():
+    """This thread's generated steps by x's shape (bounded: a stream of new shapes starts it over)."""
+    steps = _tls.__dict__.get("steps")
+    if steps is None or len(steps) > _MAX_SHAPES:
+        steps = _tls.steps = {}
+    return steps
+
+
+def torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, dst, out, num_threads=0):
+    """selective_state_update on torch tensors (see selective_state_update)."""
+    try:
+        steps = _tls.steps.get(x.shape)
+        if steps is not None and _plan.ENABLED:
+            r = steps[0](state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, dst, out, num_threads)
+            if r is not None:
+                return r
+            for i in range(1, len(steps)):
+                r = steps[i](state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, dst, out,
+                             num_threads)
+                if r is not None:
+                    steps.insert(0, steps.pop(i))  # most recent first
+                    return r
+    except (AttributeError, TypeError):  # a thread's first call, or an argument that is not a tensor
+        pass
+    fw = _framework(x)
+    softplus = 1 if dt_softplus else 0
+    pad = int(pad_slot_id)
+    r, specs, call, as_given = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, pad, dst, out,
+                                        num_threads)
+    if as_given and _plan.ENABLED:
+        step = _torch_step_fn(call.plan, specs, x.get_device(), softplus, pad, num_threads, out is None, fw.torch)
+        steps = _thread_steps().setdefault(x.shape, [])
+        steps.insert(0, step)
+        del steps[_MAX_STEPS:]
+    return r

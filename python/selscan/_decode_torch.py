@@ -9,16 +9,21 @@ cached call plan (selscan._decode); under torch.compile they go through the op. 
 
 import torch
 
-from . import _decode
+from . import _decode, _plan
 
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
+_decode._torch_tensor = torch.Tensor
+_torch_step = _decode.torch_step
+_steps = _decode._tls  # this thread's generated steps, by x's shape
+
+
 def _impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
           dst_state_batch_indices=None):
-    return _decode.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-                                          pad_slot_id, dst_state_batch_indices=dst_state_batch_indices)
+    return _torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                       dst_state_batch_indices, None)
 
 
 # The op is defined with torch.library's define / impl / register_fake rather than torch.library.custom_op: the
@@ -49,14 +54,23 @@ else:  # torch too old for fake implementations: a plain function (no torch.comp
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, pad_slot_id=-1, dst_state_batch_indices=None):
+                           state_batch_indices=None, pad_slot_id=-1, dst_state_batch_indices=None, out=None):
     """mamba_ssm.ops.triton.selective_state_update's signature and semantics, on torch tensors (CPU or CUDA):
     updates `state` in place and returns out. Also takes T > 1 tokens per sequence (x (Bt, T, D) or
-    (Bt, T, H, P)), a pad_slot_id, and dst_state_batch_indices: sequence b's state read from slot
-    state_batch_indices[b] and written to slot dst_state_batch_indices[b] (docs/serving.md)."""
+    (Bt, T, H, P)), a pad_slot_id, dst_state_batch_indices: sequence b's state read from slot
+    state_batch_indices[b] and written to slot dst_state_batch_indices[b] (docs/serving.md), and out: a tensor
+    of x's shape and dtype written in place (and returned) instead of a new one."""
     if _is_compiling():
-        return torch.ops.selscan.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus),
-                                                         state_batch_indices, int(pad_slot_id),
-                                                         dst_state_batch_indices)
-    return _decode.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-                                          pad_slot_id, dst_state_batch_indices=dst_state_batch_indices)
+        r = torch.ops.selscan.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus),
+                                                      state_batch_indices, int(pad_slot_id), dst_state_batch_indices)
+        return r if out is None else out.copy_(r)
+    # The most recent step of x's shape first, here rather than through torch_step: one call frame less.
+    try:
+        r = _steps.steps[x.shape][0](state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                     pad_slot_id, dst_state_batch_indices, out, 0) if _plan.ENABLED else None
+        if r is not None:
+            return r
+    except (AttributeError, KeyError, TypeError):  # the thread's first call, a new shape, not a tensor
+        pass
+    return _torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                       dst_state_batch_indices, out)

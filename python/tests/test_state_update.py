@@ -329,6 +329,59 @@ def test_torch(device, dtype):
 
 
 @needs_torch
+def test_torch_steps_follow_every_argument():
+    """The eager call's per-signature steps (_decode.torch_step): calls of one x shape that differ in any other
+    argument (flags, pad value, a dtype, strides, presence, a given out) each match the reference; a given out is
+    written in place and returned; a later argument of the wrong type still gets the general path's error."""
+    from selscan import _decode
+    from selscan.torch import selective_state_update
+    rng = np.random.default_rng(57)
+    wide = torch.full((3, 2 * 8), 7.0)
+    variants = [
+        {},
+        {"dt_softplus": False},
+        {"pad_slot_id": 5, "state_batch_indices": np.array([5, 1, 3], dtype=np.int32)},  # 5 is padding here
+        {"state_batch_indices": np.array([0, 1, 2], dtype=np.int64)},
+        {"dt": "float64"},  # converted: the general path every time
+        {"out": torch.empty(3, 8)},
+        {"out": wide[:, ::2]},  # strided out: the other columns stay
+        {"z": None, "D": None},
+    ]
+    for rep in range(2):  # the second round runs on the steps the first one made
+        for v in variants:
+            a = make(rng, pool=7, H=8)
+            a["pad_slot_id"] = v.get("pad_slot_id", -1)
+            for k in ("dt_softplus", "state_batch_indices"):
+                if k in v:
+                    a[k] = v[k]
+            if v.get("dt") == "float64":
+                a["dt"] = a["dt"].astype(np.float64)
+            for k in ("z", "D"):
+                if k in v:
+                    del a[k]
+            t = to_torch(a, "cpu")
+            want_out, want_state = call_ref({k: (w.numpy() if isinstance(w, torch.Tensor) else w)
+                                             for k, w in t.items()})
+            out = v.get("out")
+            if out is not None:
+                out.fill_(float("nan"))
+            got = selective_state_update(**t, out=out)
+            if out is not None:
+                assert got is out
+            np.testing.assert_allclose(got.numpy(), want_out, rtol=6e-4, atol=2e-3)
+            np.testing.assert_allclose(t["state"].numpy(), want_state, rtol=6e-4, atol=2e-3)
+    assert torch.equal(wide[:, 1::2], torch.full((3, 8), 7.0))
+    assert all(len(v) <= _decode._MAX_STEPS for v in _decode._tls.steps.values())
+    t = to_torch(make(rng, pool=7, H=8), "cpu")
+    t["D"] = t["D"].numpy()
+    with pytest.raises(selscan.SelscanError, match="D is a ndarray"):
+        selective_state_update(**t)
+    t = to_torch(make(rng, pool=7, H=8), "cpu")
+    with pytest.raises(selscan.SelscanError, match="out: dtype torch.float64"):
+        selective_state_update(**t, out=torch.empty(3, 8, dtype=torch.float64))
+
+
+@needs_torch
 def test_torch_compile_traces_the_op_with_dst():
     from selscan.torch import selective_state_update
     rng = np.random.default_rng(43)
