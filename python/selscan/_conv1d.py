@@ -36,6 +36,7 @@ BWD_NAMES = ("x", "weight", "bias", "seq_idx", "initial_states", "cu_seqlens", "
 UPDATE_NAMES = ("x", "weight", "bias", "cache_seqlens", "conv_state_indices", "conv_state", "out")
 
 _IO = ("fp32", "fp16", "bf16")
+_IN_PLACE = ("conv_states", "conv_state", "final_states")
 _INDEX = ("i32", "i64")
 
 
@@ -223,7 +224,9 @@ def _run(kind, names, fw, x, named, flags, num_threads, key):
             raise SelscanError(f"{name}: a negative or fractional stride cannot be passed to the library (make it "
                                "contiguous first)", _lib.STATUS_INVALID_ARGUMENT)
         if code is None:
-            raise SelscanError(f"{name}: dtype {a.dtype} cannot be passed to the library", _lib.STATUS_DTYPE_MISMATCH)
+            why = " (written in place, so never converted)" if name in _IN_PLACE else ""
+            raise SelscanError(f"{name}: dtype {a.dtype} cannot be passed to the library{why}; expected float32, "
+                               "float16 or bfloat16 (index tensors: int32 or int64)", _lib.STATUS_DTYPE_MISMATCH)
         specs[name] = (code, shape, strides)
         positions.append(i)
     ts = tuple(named.get(n) for n in names)

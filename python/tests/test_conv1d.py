@@ -112,15 +112,16 @@ def ref_serving(x, w, bias=None, silu=False, cu=None, init=None, pool=None, idx=
     dm = x.shape[1]
     n = x.shape[0] if cu is None else len(cu) - 1
     out = np.zeros(x.shape)
-    final = np.full((n, dm, W - 1), np.nan)
+    final = np.zeros((n, dm, W - 1))
     new_pool = None if pool is None else f64(pool).copy()
     padding = []
     for b in range(n):
         span = (b, slice(None)) if cu is None else (0, slice(int(cu[b]), int(cu[b + 1])))
         xs = x[span[0], :, span[1]]
         slot = b if idx is None else int(idx[b])
-        if idx is not None and slot == pad:
+        if idx is not None and slot == pad:  # out 0, final_states row 0, no slot touched
             padding.append(b)
+            final[b] = 0
             continue
         start = has_init is None or bool(has_init[b])
         if pool is not None:
