@@ -134,7 +134,7 @@ def ref_serving(x, w, bias=None, silu=False, cu=None, init=None, pool=None, idx=
         out[span[0], :, span[1]] = o[0]
         xe = np.concatenate([prior, xs], axis=1)
         final[b] = xe[:, xe.shape[1] - (W - 1):]
-        if pool is not None:
+        if pool is not None and xs.shape[1] > 0:  # an empty sequence reads and writes no slot
             new_pool[slot] = xe[:, xe.shape[1] - pool.shape[2]:]
     return out, final, new_pool, padding
 
@@ -375,6 +375,18 @@ def test_numpy_packed_sequences(layout):
                                             activation="silu", cu_seqlens=cu_t)
         close(out, want, np.float32)
         np.testing.assert_array_equal(fin, want_fin)
+    # an empty sequence keeps its initial states as final states; has_initial_state; cache_indices without a pool
+    # only marks padding (out 0, final_states row 0)
+    cu2, x2, _, _ = _varlen(rng, [4, 0, 7, 3])
+    for kw in (dict(init=h), dict(init=h, has_init=np.array([1, 1, 0, 1], np.int32)),
+               dict(init=h, idx=np.array([0, 0, -1, 0], np.int64))):
+        want, want_fin, _, _ = ref_serving(x2, w, b, False, cu2, **kw)
+        out, fin = selscan.causal_conv1d_fn(x2, w, b, initial_states=h, return_final_states=True, cu_seqlens=cu2,
+                                            has_initial_state=kw.get("has_init"), cache_indices=kw.get("idx"))
+        close(out, want, np.float32)
+        np.testing.assert_array_equal(fin, want_fin)
+    np.testing.assert_array_equal(fin[1], h[1])
+    assert np.all(fin[2] == 0) and np.all(out[:, :, 4:11] == 0)
     # packed backward: each sequence on its own
     dout = rng.standard_normal(x.shape).astype(np.float32)
     dfin = rng.standard_normal(h.shape).astype(np.float32)
@@ -415,13 +427,24 @@ def test_numpy_state_pool(packed, state_len):
     span = (slice(cu[1], cu[2]) if packed else slice(None))
     assert np.all((out[0] if packed else out[1])[:, span] == 0), "padding sequence: out 0"
     assert padding == [1]
-    # the pool as the only state, slot b for sequence b, int64 indices, int32 has_initial_state
+    # the pool as the only state, slot b for sequence b, int32 has_initial_state
     pool = rng.standard_normal((4, Dm, state_len)).astype(np.float32)
     want, _, want_pool, _ = ref_serving(x, w, b, False, cu, pool=pool, has_init=[1, 0, 1, 1])
     out = selscan.causal_conv1d_fn(x, w, b, cu_seqlens=cu, conv_states=pool,
                                    has_initial_state=np.array([1, 0, 1, 1], np.int32))
     close(out, want, np.float32)
     np.testing.assert_array_equal(pool, want_pool)
+    if packed:  # an empty sequence reads and writes no slot, even when it starts from zero
+        cu2, x2, _, _ = _varlen(rng, [3, 0, 6], Dm=Dm, W=W)
+        pool = rng.standard_normal((4, Dm, state_len)).astype(np.float32)
+        idx, has = np.array([3, 1, 0], np.int64), np.array([True, False, True])
+        want, _, want_pool, _ = ref_serving(x2, w, b, True, cu2, pool=pool, idx=idx, has_init=has)
+        before = pool.copy()
+        out = selscan.causal_conv1d_fn(x2, w, b, activation="silu", cu_seqlens=cu2, conv_states=pool,
+                                       cache_indices=idx, has_initial_state=has)
+        close(out, want, np.float32)
+        np.testing.assert_array_equal(pool, want_pool)
+        assert np.array_equal(pool[[1, 2]], before[[1, 2]])
 
 
 @pytest.mark.parametrize("T", [None, 1, 3])
@@ -627,6 +650,34 @@ def test_torch_autograd_against_float64(layout, W):
 
 @needs_torch
 @needs_conv1d
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_half_dtypes_against_float64(dtype):
+    """16-bit x and states with float32 or 16-bit weights: fp32 arithmetic, outputs rounded once."""
+    from selscan.torch import causal_conv1d_fn
+    dt = getattr(torch, dtype)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dt]
+    for wdt in (torch.float32, dt):
+        x, w, b, h = tcase(97, dtype=dt, layout="channel_last")
+        w, b = w.to(wdt), b.to(wdt)
+        a = leaves(x, w, b, h)
+        r = leaves(*(t64(t) for t in (x, w, b, h)))
+        out, fin = causal_conv1d_fn(*a[:3], initial_states=a[3], return_final_states=True, activation="silu")
+        assert out.dtype == dt and fin.dtype == dt
+        rout, rfin = torch_ref(*r, silu=True)
+        torch.testing.assert_close(out.double(), rout.detach(), rtol=tol, atol=tol)
+        torch.testing.assert_close(fin.double(), rfin.detach(), rtol=0, atol=0)
+        dout = torch.randn(x.shape).to(dt)
+        (out * dout).sum().backward()
+        (rout * dout.double()).sum().backward()
+        for name, t, u in zip(("x", "weight", "bias", "initial_states"), a, r):
+            assert t.grad.dtype == t.dtype, name
+            scale = max(1.0, float(u.grad.abs().max()))
+            torch.testing.assert_close(t.grad.double(), u.grad, rtol=2 * tol, atol=2 * tol * scale,
+                                       msg=lambda m: f"{name} ({wdt}): {m}")
+
+
+@needs_torch
+@needs_conv1d
 def test_torch_autograd_variants():
     """No bias / no initial states / only out used / final_states_out given / seq_idx / packed sequences."""
     from selscan.torch import causal_conv1d_fn
@@ -719,6 +770,26 @@ def test_torch_serving_autograd():
     for name, t, u in zip(("x", "weight", "bias"), a, r):
         torch.testing.assert_close(t.grad.double(), u.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
     assert torch.all(a[0].grad[:, :, 6:9] == 0), "the padding sequence gets no gradient"
+    # initial states with has_initial_state, cache_indices marking padding only, final states' gradient
+    h = torch.randn(3, Dm, W - 1, generator=g)
+    has = torch.tensor([1, 0, 1], dtype=torch.int32)
+    idx = torch.tensor([0, 0, -1], dtype=torch.int64)
+    a = leaves(x, w, b, h)
+    r = leaves(*(t64(t) for t in (x, w, b, h)))
+    out, fin = causal_conv1d_fn(*a[:3], initial_states=a[3], return_final_states=True, cu_seqlens=cu,
+                                cache_indices=idx, has_initial_state=has)
+    dfin = torch.randn(fin.shape, generator=g)
+    ((out * dout).sum() + (fin * dfin).sum()).backward()
+    rl = 0
+    for s in range(2):  # sequence 2 is padding: out and final_states 0
+        ro, rf = torch_ref(r[0][:, :, cu[s]:cu[s + 1]], r[1], r[2], r[3][s:s + 1] * float(has[s]))
+        torch.testing.assert_close(out[:, :, cu[s]:cu[s + 1]].detach().double(), ro.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fin[s:s + 1].detach().double(), rf.detach(), rtol=0, atol=0)
+        rl = rl + (ro * dout[:, :, cu[s]:cu[s + 1]].double()).sum() + (rf * dfin[s:s + 1].double()).sum()
+    assert torch.all(out[:, :, 9:] == 0) and torch.all(fin[2] == 0)
+    rl.backward()
+    for name, t, u in zip(("x", "weight", "bias", "initial_states"), a, r):
+        torch.testing.assert_close(t.grad.double(), u.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 @needs_torch
