@@ -7,6 +7,8 @@
 // are the other comparison (case.h's Case, inputs copied from the packed tensors).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -80,6 +82,11 @@ struct VarlenCase {
 
 VarlenCase make_varlen_case(const VarlenSpec& spec);
 
+// GpuVarlen.LongSequences' spec for dstate N (seed 10 + N), shared with the CPU tests that rebuild it
+// (tests/cpu/test_varlen_numerics.cpp): five packed sequences, two of them longer than a chunk of x and one empty,
+// slowly decaying states from h0 rows, fp32.
+VarlenSpec long_sequences_spec(int64_t dstate);
+
 // Poison the outputs (the pool keeps its contents) and run through the public ABI, on host pointers or on device
 // copies of every tensor (all copied back afterwards).
 selscan_status_t run_varlen_fwd(VarlenCase& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr);
@@ -91,8 +98,32 @@ struct VarlenRef {
   std::vector<double> out, out_z, last_state, pool, du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0;
   std::vector<double> x;  // only the chunk slots of real chunks are meaningful: x_mask says which
   std::vector<char> x_mask;
+  // The gradients' condition scales in units of u = 2^-24 (RefBwd::cond_*, docs/numerics.md), laid out like
+  // the gradients: the reduced ones summed over the sequences (their errors are independent, so their bounds
+  // add), the per-step ones and dh0 per sequence.
+  std::vector<double> cond_du, cond_ddelta, cond_dz, cond_dh0, cond_dA, cond_dB, cond_dC, cond_dD, cond_ddelta_bias;
 };
 VarlenRef varlen_reference(const VarlenCase& c);
+
+// Sequence b's float64 problem (batch 1, the case's stored inputs at its offsets, h0 where it starts from a
+// state) and, when `dout` is given, its dout.
+RefProblem sequence_problem(const VarlenCase& c, int64_t b, std::vector<double>* dout = nullptr);
+
+// The reduced gradients of a case's backward, by name, as values(): dA, dB, dC, and dD, ddelta_bias where present.
+std::vector<std::pair<std::string, std::vector<double>>> varlen_reduced(const VarlenCase& c);
+// The oracle's values of one of them as they are compared (variable dB/dC rounded to the itype, like the output).
+std::vector<double> varlen_reduced_ref(const VarlenCase& c, const VarlenRef& r, const std::string& name);
+
+// check_varlen's comparison of one reduced gradient's values `got` with the oracle: upstream's tolerance, or
+// tol_scale k u cond where larger (varlen_reduced_bound).
+::testing::AssertionResult varlen_reduced_close(const VarlenCase& c, const VarlenRef& r, const std::string& name,
+                                                const std::vector<double>& got, double tol_scale = 1.0);
+
+// The condition bound check_varlen gives a reduced gradient (dA, dB, dC, dD or ddelta_bias), element by element:
+// scale k u cond with k = kCondK (compare.h; docs/numerics.md, "Reduced gradients of packed calls"); allclose takes
+// the larger of it and upstream's atol + rtol |ref|. scale 1: a float32 result against float64; 2: two float32
+// results against each other.
+std::vector<double> varlen_reduced_bound(const VarlenRef& r, const std::string& name, double scale = 1.0);
 
 // Gives sequence dst_b of `dst` the inputs of sequence src_b of `src` from its token `from` on (dst's length of
 // them), and src's weights (A, D, delta_bias): a piece of a longer sequence, e.g. one chunk of a chunked prefill.
@@ -101,8 +132,9 @@ void copy_sequence_inputs(const VarlenCase& src, int64_t src_b, int64_t from, Va
 // Sequence b as a dense case (batch 1) with the same inputs (a zero-length sequence has none: not callable).
 Case sequence_case(const VarlenCase& c, int64_t b);
 
-// Compare every output of the case with the oracle at upstream's tolerances (scaled); the padding rows must be
-// exactly 0; x only at real chunk slots. `bwd`: the gradients too.
+// Compare every output of the case with the oracle at upstream's tolerances (scaled), the reduced gradients with
+// tol_scale k u cond where larger (varlen_reduced_close); the padding rows must be exactly 0; x only at real chunk
+// slots. `bwd`: the gradients too.
 void check_varlen(VarlenCase& c, const VarlenRef& r, bool bwd, double tol_scale = 1.0);
 
 }  // namespace selscan_test

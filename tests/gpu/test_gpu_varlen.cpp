@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "compare.h"
 #include "cuda_memory.h"
 #include "gpu_gate.h"
+#include "grad_terms.h"
 #include "varlen_case.h"
 
 namespace selscan_test {
@@ -54,12 +56,30 @@ TEST(GpuVarlen, PackedMatchesOracle) {
 // Sequences longer than a chunk of x (chunk slots, seeds), starting mid-chunk; dstate above a warp's 32 lanes.
 TEST(GpuVarlen, LongSequences) {
   REQUIRE_GPU();
-  for (int64_t N : {16, 40}) {
-    VarlenSpec s;
-    s.lens = {700, 2500, 0, 4097, 3};
-    s.dim = 16, s.dstate = N, s.groups = 1, s.init = InitFrom::h0, s.slow_decay = true, s.seed = 10 + N;
-    check_on_gpu(s, true);
-  }
+  for (int64_t N : {16, 40}) check_on_gpu(long_sequences_spec(N), true);
+}
+
+// The run's record of the case above (docs/numerics.md, "Reduced gradients of packed calls"): every gradient of the
+// GPU's backward (both reduction modes) against float64, as its worst error over upstream's tolerance, over
+// check_varlen's limit, over u cond (the reference's first-order bound) and, for the reduced gradients, over
+// u Σ|T| and u Σ|T| sqrt(n) of their float64 terms (tests/common/grad_terms.h); the float32 re-summations of the
+// exact terms as rows of comparison. Fails where check_varlen would.
+TEST(GpuVarlen, LongSequencesConditionReport) {
+  REQUIRE_GPU();
+  const DeviceMemory dm = cuda_memory();
+  for (int64_t N : {16, 40})
+    for (bool det : {true, false}) {
+      const VarlenSpec s = long_sequences_spec(N);
+      VarlenCase c = make_varlen_case(s);
+      ASSERT_EQ(run_varlen_fwd(c, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+      ASSERT_EQ(run_varlen_bwd(c, cuda_exec(), det, &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+      const VarlenRef r = varlen_reference(c);
+      const GradTerms t = grad_terms(c);
+      const std::vector<GradCondition> rows = gradient_conditions(c, r, &t, true);
+      std::printf("[ REPORT   ] GPU, %s, %s backward\n%s", s.str().c_str(), det ? "deterministic" : "atomic",
+                  format_conditions(rows).c_str());
+      for (const GradCondition& m : rows) EXPECT_LE(m.over_check, 1.0) << s.str() << " " << m.name;
+    }
 }
 
 TEST(GpuVarlen, PoolSlotsAndPadding) {
