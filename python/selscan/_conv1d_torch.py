@@ -84,11 +84,11 @@ def _fake_fwd(x, weight, bias, seq_idx, initial_states, cu_seqlens, return_final
 
 def _fake_bwd(x, weight, bias, seq_idx, initial_states, cu_seqlens, dout, dfinal_states, want_dinitial_states,
               silu, deterministic):
-    wd = _w_dtype(weight, x)
-    return (torch.empty_like(x, dtype=_io_dtype(x)), torch.empty_like(weight, dtype=wd),
+    wd, xd = _w_dtype(weight, x), _io_dtype(x)
+    want_dinit = want_dinitial_states and initial_states is not None
+    return (torch.empty_like(x, dtype=xd), torch.empty_like(weight, dtype=wd),
             torch.empty_like(bias, dtype=wd) if bias is not None else x.new_empty((0,)),
-            torch.empty_like(initial_states, dtype=_io_dtype(x)) if (want_dinitial_states and initial_states is not None)
-            else x.new_empty((0,)))
+            torch.empty_like(initial_states, dtype=xd) if want_dinit else x.new_empty((0,)))
 
 
 def _fake_serving(x, weight, bias, seq_idx, initial_states, conv_states, cu_seqlens, cache_indices,
