@@ -12,45 +12,23 @@ enabled); only the targets differ: the given arch list instead of upstream's ful
 about 2 minutes on 16 cores).
 """
 
-import argparse
-import glob
 import os
-import sys
-import time
+
+import upstream_ext  # bench/upstream_ext.py: what this and build_causal_conv1d.py share
+
+PROG = "build_upstream"
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mamba", help="a checkout of state-spaces/mamba (its csrc/selective_scan is built)")
-    ap.add_argument("--out", default="build/upstream", help="build directory; the module lands there")
-    ap.add_argument("--arch", default="9.0", help="compute capabilities, ';'-separated (default 9.0)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel compile jobs")
-    args = ap.parse_args()
-
-    src = os.path.join(os.path.abspath(args.mamba), "csrc", "selective_scan")
-    sources = sorted(glob.glob(os.path.join(src, "*.cpp")) + glob.glob(os.path.join(src, "*.cu")))
-    if not sources:
-        sys.exit(f"build_upstream: no sources in {src}")
-    os.environ["MAX_JOBS"] = str(args.jobs)
-    from torch.utils.cpp_extension import load  # after MAX_JOBS: ninja reads it
-
-    gencode = []
-    for a in args.arch.replace(",", ";").split(";"):
-        cc = a.strip().replace(".", "")
-        if cc:
-            gencode += ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    t0 = time.time()
-    load(name="selective_scan_cuda", sources=sources, build_directory=out, extra_include_paths=[src],
-         extra_cflags=["-O3", "-std=c++17"],
-         extra_cuda_cflags=["-O3", "-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                            "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                            "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-                            "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math", "-lineinfo"]
-         + gencode)
-    print(f"build_upstream: selective_scan_cuda from {len(sources)} sources in {time.time() - t0:.0f} s -> {out} "
-          f"(PYTHONPATH={out})")
+    args = upstream_ext.arg_parser(PROG, __doc__.split("\n\n")[0],
+                                   "a checkout of state-spaces/mamba (its csrc/selective_scan is built)",
+                                   "build/upstream").parse_args()
+    src, sources = upstream_ext.find_sources(PROG, args.checkout, os.path.join("csrc", "selective_scan"), None,
+                                             "state-spaces/mamba")
+    path = upstream_ext.build(PROG, "selective_scan_cuda", sources, args, include_dirs=[src],
+                              cflags=["-O3", "-std=c++17"], cuda_cflags=upstream_ext.NVCC_COMMON + ["-std=c++17"])
+    if path:
+        print(f"{PROG}: PYTHONPATH={os.path.dirname(path)}")
 
 
 if __name__ == "__main__":
