@@ -35,11 +35,6 @@ struct CudaCall {
 
 Status plan_call(Op op, const Problem& p, int32_t device, CudaCall* c) {
   const cuda::Overrides& force = cuda::env_overrides();
-  if (p.serving && !force.serving)
-    return fail(SELSCAN_STATUS_UNSUPPORTED,
-                "serving fields (cu_seqlens, ssm_states, cache_indices, has_initial_state, block_table) on CUDA: the CUDA serving "
-                "kernels are built but have not yet passed their GPU tests; run the call on the CPU path "
-                "(SELSCAN_DEVICE_CPU), or set SELSCAN_CUDA_SERVING=1 to run them anyway (docs/serving.md)");
   if (Status s = cuda::device_props(device, &c->dev); s != SELSCAN_STATUS_SUCCESS) return s;
   if (op == Op::fwd) return cuda::plan_fwd(p, *c->dev, force.fwd, &c->fwd);  // the forward needs no workspace
   if (Status s = cuda::plan_bwd(p, *c->dev, force.bwd, &c->bwd); s != SELSCAN_STATUS_SUCCESS) return s;

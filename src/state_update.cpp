@@ -18,7 +18,6 @@
 
 #if SELSCAN_WITH_CUDA
 #  include "cuda/arch.h"
-#  include "cuda/select.h"
 #endif
 
 namespace selscan {
@@ -365,11 +364,6 @@ Status state_update(const selscan_state_update_args_t* args, const selscan_exec_
     return cpu::state_update(p, ex.num_threads);
   }
 #if SELSCAN_WITH_CUDA
-  if (p.dst != nullptr && !cuda::env_overrides().serving)
-    return fail(SELSCAN_STATUS_UNSUPPORTED,
-                "dst_state_batch_indices on CUDA: the decode kernel's destination-slot instances are built but have "
-                "not yet passed their GPU tests; run the call on the CPU path (SELSCAN_DEVICE_CPU), or set "
-                "SELSCAN_CUDA_SERVING=1 to run them anyway (docs/serving.md)");
   const cuda::DeviceProps* dev = nullptr;  // whether this build serves the device: cached after the first call
   if (Status s = cuda::device_props(ex.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
   cuda::DeviceGuard guard(ex.device_index);

@@ -8,12 +8,18 @@
 #      e.g. an ignored .upstream/): step `upstream` builds its selective_scan_cuda into $BUILD/upstream
 #      (bench/build_upstream.py), and pyhost / hf time it beside selscan.
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
+#      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
+#      decode tests alone (GpuVarlen*:GpuBlockStates*:GpuStateUpdate*, without LongSequencesConditionReport, whose
+#      float64 work is host-side), default kernel choice only (serving calls never take the thread-states kernels),
+#      in about six minutes on an H200: memcheck 120 s, initcheck 90 s and synccheck 60 s over all of them;
+#      racecheck, the slowest tool, 90 s over one test per kernel (the serving forward and backward, the block-state
+#      forward, the decode step in place and with destinations, one and several tokens). A tool that reaches its cap
+#      reports rc=124 and the tests it finished; SANITIZE_TIMEOUT overrides the caps.
 # Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
 # included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export SELSCAN_CUDA_SERVING=${SELSCAN_CUDA_SERVING:-1}  # the serving kernels' tests run (src/cuda/select.h)
 OUT=${OUT:-$PWD/gpu-check-out}
 ARCH=${ARCH:-9.0}
 JOBS=${JOBS:-$(nproc)}
@@ -72,7 +78,22 @@ if want sanitize; then
   # tools), then the forward and backward tests again with the thread-states kernels forced (the small test shapes
   # otherwise run the warp-scan kernels). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
-  if [ -n "$gpu_tests" ]; then
+  if [ -n "$gpu_tests" ] && [ "${SANITIZE_SET:-}" = serving ]; then
+    serving='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    one_each='GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.BadEntriesGiveNaNAndTouchNoSlot'
+    one_each+=':GpuStateUpdateDst.MatchesTheCpuPath:GpuStateUpdateShapes.Mamba2HeadsShape'
+    one_each+=':*GpuStateUpdate.MatchesTheOracle/mamba1_xfp32_statefp32'
+    for spec in memcheck:120 initcheck:90 synccheck:60 racecheck:90; do
+      tool=${spec%%:*}
+      f=$serving
+      [ "$tool" = racecheck ] && f=$one_each
+      log="$OUT/sanitizer-$tool-serving.log"
+      timeout "${SANITIZE_TIMEOUT:-${spec#*:}}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" \
+        --gtest_filter="$f" >"$log" 2>&1
+      rc=$?
+      note "compute-sanitizer $tool (serving set): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1), $(grep -c '^\[       OK' "$log") tests OK, $(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log") failed"
+    done
+  elif [ -n "$gpu_tests" ]; then
     filter=${SANITIZE_FILTER:-'-GpuLimits*'}
     for tool in ${SANITIZERS:-memcheck racecheck synccheck initcheck}; do
       for kernel in auto ts; do

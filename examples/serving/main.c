@@ -20,8 +20,7 @@
  * It runs on the CPU so it runs everywhere. The same calls run on CUDA with device pointers in every tensor
  * (pool, block table, cu_seqlens, context_lens and slot indices included), exec.device_kind =
  * SELSCAN_DEVICE_CUDA and exec.stream set: the engine keeps its bookkeeping (slot allocation) on the host, copies
- * the tables and indices to the device before each call. Serving calls on CUDA are opt-in for now
- * (SELSCAN_CUDA_SERVING=1, docs/serving.md, "Kernels and limits").
+ * the tables and indices to the device before each call (docs/serving.md, "Kernels and limits").
  */
 #include <selscan/selscan.h>
 

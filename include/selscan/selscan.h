@@ -314,8 +314,8 @@ typedef struct selscan_bwd_args_t {
  * computes out and writes no state. No two sequences may write the same slot, and no sequence may read a slot
  * another sequence writes (two sequences may read the same slot). On the CPU the call checks all of this and
  * the dst entry of every sequence that reads a slot (in [0, S) or pad_slot_id) and rejects a violation; on CUDA
- * a dst entry outside [0, S) that is not pad_slot_id writes NaN to its out and touches no slot, overlapping slots
- * are undefined, and the call is UNSUPPORTED unless SELSCAN_CUDA_SERVING=1 until its kernels pass their GPU tests.
+ * a dst entry outside [0, S) that is not pad_slot_id writes NaN to its out and touches no slot, and overlapping
+ * slots are undefined.
  *
  * Needs no workspace. Like every call it only enqueues work on exec's stream: CUDA-graph capturable.
  */

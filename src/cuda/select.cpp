@@ -201,9 +201,7 @@ Force parse_force(const char* value) {
 
 const Overrides& env_overrides() {
   static const Overrides o{parse_force(std::getenv("SELSCAN_FWD_KERNEL")),
-                           parse_force(std::getenv("SELSCAN_BWD_KERNEL")),
-                           std::getenv("SELSCAN_CUDA_SERVING") != nullptr &&
-                               std::strcmp(std::getenv("SELSCAN_CUDA_SERVING"), "1") == 0};
+                           parse_force(std::getenv("SELSCAN_BWD_KERNEL"))};
   return o;
 }
 

@@ -29,12 +29,8 @@ enum class Force { none, warp, ts };
 Force parse_force(const char* value);
 struct Overrides {
   Force fwd = Force::none, bwd = Force::none;
-  // SELSCAN_CUDA_SERVING=1: run serving calls (varlen, state pools) on CUDA. Off by default until the serving
-  // kernels have passed their GPU tests (docs/gpu-validation.md); the CPU path serves them meanwhile.
-  bool serving = false;
 };
-// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL / SELSCAN_CUDA_SERVING, read once per process, so workspace queries and
-// calls agree.
+// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL, read once per process, so workspace queries and calls agree.
 const Overrides& env_overrides();
 
 // SUCCESS and the plan, or UNSUPPORTED (the chosen kernel needs more shared memory per block than the device

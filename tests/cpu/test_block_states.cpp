@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "compare.h"
+#include "cuda/select.h"
+#include "validate.h"
 #include "varlen_case.h"
 
 namespace selscan_test {
@@ -403,17 +405,29 @@ TEST(BlockStatesValidation, V0_3StructSizeUnaffected) {
   EXPECT_TRUE(a.pool.same_bytes(b.pool));
 }
 
-// Block mode on CUDA sits behind the same opt-in as every serving call.
-TEST(BlockStatesValidation, CudaIsOptIn) {
-  const char* opt_in = std::getenv("SELSCAN_CUDA_SERVING");
-  if (opt_in != nullptr && std::string(opt_in) == "1") GTEST_SKIP() << "SELSCAN_CUDA_SERVING=1 is set";
+// Block mode is planned on CUDA like every serving call: the warp-scan forward's plan for an H200, and through the
+// ABI the device check (a device that does not exist here, so nothing runs on host pointers), not a refusal.
+TEST(BlockStatesValidation, CudaCallsArePlanned) {
   Call k{small_spec()};
+  selscan::Problem p{};
+  ASSERT_EQ(selscan::make_fwd_problem(&k.f, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_TRUE(p.serving);
+  selscan::cuda::FwdPlan plan;
+  EXPECT_EQ(selscan::cuda::plan_fwd(p, selscan::cuda::DeviceProps{0, 90, 132, 232448}, selscan::cuda::Force::none,
+                                    &plan),
+            SELSCAN_STATUS_SUCCESS)
+      << selscan_last_error();
+  EXPECT_EQ(plan.kernel, selscan::cuda::Kernel::warp);
   k.e.device_kind = SELSCAN_DEVICE_CUDA;
+  k.e.device_index = 1000;
 #if SELSCAN_WITH_CUDA
-  expect_fail(k.fwd(), SELSCAN_STATUS_UNSUPPORTED, {"block_table", "on CUDA", "SELSCAN_CUDA_SERVING=1"});
+  expect_fail(k.fwd(), SELSCAN_STATUS_NO_DEVICE, {"device"});
 #else
   expect_fail(k.fwd(), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
 #endif
+  for (int64_t s = 0; s < k.c.pool.sizes[0]; ++s)  // nothing written
+    for (int64_t d = 0; d < k.c.pool.sizes[1]; ++d)
+      for (int64_t n = 0; n < k.c.pool.sizes[2]; ++n) ASSERT_EQ(k.c.pool.get({s, d, n}), k.c.pool_in.get({s, d, n}));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "state_update.h"
 #include "state_update_case.h"
 
 namespace selscan_test {
@@ -276,17 +277,29 @@ TEST(CpuStateUpdateValidation, DstASlotReadByOneAndWrittenByAnother) {
   expect_rejected(g, &g.a, SELSCAN_STATUS_INVALID_ARGUMENT, {"writes the slot sequence"});
 }
 
-// dst on CUDA stays off until the destination instances have passed their GPU tests. Host pointers are fine: the
-// call must stop before any device work.
-TEST(CpuStateUpdateValidation, DstCudaIsOptIn) {
-  const char* opt_in = std::getenv("SELSCAN_CUDA_SERVING");
-  if (opt_in != nullptr && std::string(opt_in) == "1") GTEST_SKIP() << "SELSCAN_CUDA_SERVING=1 is set";
+// dst on CUDA is planned like the in-place call (the same lanes and loads: the destination changes only where the
+// state is stored), and through the ABI the call goes on to the device check (a device that does not exist here,
+// so nothing runs on host pointers) instead of being refused.
+TEST(CpuStateUpdateValidation, DstCudaCallIsPlanned) {
   Fixture f = dst_fixture();
+  selscan::StateUpdate with{}, without{};
+  ASSERT_EQ(selscan::make_state_update(&f.a, &with), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  selscan_state_update_args_t a = f.a;
+  a.dst_state_batch_indices = SELSCAN_TENSOR_INIT;
+  ASSERT_EQ(selscan::make_state_update(&a, &without), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_NE(with.dst, nullptr);
+  const selscan::StateUpdatePlan p = selscan::plan_state_update(with), q = selscan::plan_state_update(without);
+  EXPECT_EQ(p.lanes, q.lanes);
+  EXPECT_EQ(p.lane_bits, q.lane_bits);
+  EXPECT_EQ(p.vec_state, q.vec_state);
+  EXPECT_EQ(p.vec_A, q.vec_A);
+  EXPECT_EQ(p.vec_B, q.vec_B);
+  EXPECT_EQ(p.vec_C, q.vec_C);
   selscan_exec_t e = cpu_exec(1);
   e.device_kind = SELSCAN_DEVICE_CUDA;
+  e.device_index = 1000;
 #if SELSCAN_WITH_CUDA
-  expect_rejected(f, &f.a, SELSCAN_STATUS_UNSUPPORTED,
-                    {"dst_state_batch_indices", "on CUDA", "SELSCAN_CUDA_SERVING=1", "CPU path"}, e);
+  expect_rejected(f, &f.a, SELSCAN_STATUS_NO_DEVICE, {"device"}, e);
 #else
   expect_rejected(f, &f.a, SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"}, e);
 #endif

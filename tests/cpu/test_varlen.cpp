@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "compare.h"
+#include "cuda/select.h"
+#include "validate.h"
 #include "varlen_case.h"
 
 namespace selscan_test {
@@ -415,19 +417,38 @@ TEST(VarlenValidation, OlderStructSizeUnaffected) {
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].second->same_bytes(*gb[i].second)) << ga[i].first;
 }
 
-// Serving calls on CUDA stay off until the serving kernels have passed their GPU tests: the call names the
-// opt-in instead of running them. Host pointers are fine here: the call must stop before any device work.
-TEST(VarlenValidation, CudaServingIsOptIn) {
-  const char* opt_in = std::getenv("SELSCAN_CUDA_SERVING");
-  if (opt_in != nullptr && std::string(opt_in) == "1") GTEST_SKIP() << "SELSCAN_CUDA_SERVING=1 is set";
-  Call k{VarlenSpec{}};
+// Serving calls are planned on CUDA like dense ones: the validated call (packed, a state pool, padding) gets the
+// warp-scan kernels' plans for an H200 in both directions, and through the ABI it goes on to the device check
+// (a device that does not exist here, so nothing runs on host pointers) instead of being refused.
+TEST(VarlenValidation, CudaServingCallsArePlanned) {
+  Call k{pool_spec()};
+  selscan::Problem f{}, b{};
+  ASSERT_EQ(selscan::make_fwd_problem(&k.f, &f), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_EQ(selscan::make_bwd_problem(&k.b, &b), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  ASSERT_TRUE(f.serving && b.serving);
+  const selscan::cuda::DeviceProps h200{0, 90, 132, 232448};
+  selscan::cuda::FwdPlan fp;
+  selscan::cuda::BwdPlan bp;
+  EXPECT_EQ(selscan::cuda::plan_fwd(f, h200, selscan::cuda::Force::none, &fp), SELSCAN_STATUS_SUCCESS)
+      << selscan_last_error();
+  EXPECT_EQ(fp.kernel, selscan::cuda::Kernel::warp);
+  EXPECT_EQ(selscan::cuda::plan_bwd(b, h200, selscan::cuda::Force::none, &bp), SELSCAN_STATUS_SUCCESS)
+      << selscan_last_error();
+  EXPECT_EQ(bp.kernel, selscan::cuda::Kernel::warp);
+  EXPECT_GT(bp.total, 0u);
+
   k.e.device_kind = SELSCAN_DEVICE_CUDA;
+  k.e.device_index = 1000;
+  size_t bytes = 1;
 #if SELSCAN_WITH_CUDA
-  expect_fail(k.fwd(), SELSCAN_STATUS_UNSUPPORTED, {"cu_seqlens", "on CUDA", "SELSCAN_CUDA_SERVING=1", "CPU path"});
-  expect_fail(k.bwd(), SELSCAN_STATUS_UNSUPPORTED, {"SELSCAN_CUDA_SERVING=1"});
+  expect_fail(k.fwd(), SELSCAN_STATUS_NO_DEVICE, {"device"});
+  expect_fail(k.bwd(), SELSCAN_STATUS_NO_DEVICE, {"device"});
+  expect_fail(selscan_bwd_workspace_size(&k.b, &k.e, &bytes), SELSCAN_STATUS_NO_DEVICE, {"device"});
 #else
   expect_fail(k.fwd(), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
+  expect_fail(selscan_bwd_workspace_size(&k.b, &k.e, &bytes), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
 #endif
+  EXPECT_EQ(bytes, 0u);
 }
 
 }  // namespace
