@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
+#        and, named only: limits conv-upstream conv-golden conv-bench
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
@@ -18,6 +19,14 @@
 # Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
 # included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
+# causal-conv1d beside selscan's conv1d, steps not part of all either:
+#   conv-upstream  CONV_UPSTREAM_SRC (a causal-conv1d checkout or `git archive` export, inside the tree when the
+#                  tree is copied to the GPU machine, e.g. an ignored .upstream-conv/): its causal_conv1d_cuda built
+#                  into $BUILD/conv-upstream (bench/build_causal_conv1d.py; ptxas lines in conv-upstream-build.log)
+#   conv-golden    tests/data/conv1d_golden/make_goldens.py with that build: $OUT/conv1d_golden.tar.gz (unpack it
+#                  with `tar -xzf conv1d_golden.tar.gz -C tests/data`), exit 2 when a case was left out
+#   conv-bench     selscan_bench's conv1d/ rows (conv-bench.json) and bench/upstream_conv1d.py's (conv-upstream.json)
+#                  at CONV_BENCH_FILTER (default ^conv1d/), side by side in conv-table.md (bench/conv1d_table.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -27,6 +36,7 @@ BUILD=${BUILD:-build/gpu-check}
 GOLDEN=${GOLDEN:-$PWD/tests/data/golden}
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
 want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+named() { for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }  # steps outside all
 mkdir -p "$OUT"
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
@@ -156,6 +166,42 @@ if want ddp; then
   SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python python3 -m torch.distributed.run --standalone \
     --nproc_per_node="$nproc" examples/ddp_mamba.py >"$OUT/ddp.log" 2>&1
   note "ddp ($nproc GPU): rc=$?, $(grep -E '^(PASS|FAIL)$' "$OUT/ddp.log" | tail -1)"
+fi
+
+# causal-conv1d's build (upstream of selscan's conv1d), its golden vectors and its benchmark rows.
+case $BUILD in /*) conv_pp=$BUILD/conv-upstream ;; *) conv_pp=$PWD/$BUILD/conv-upstream ;; esac
+if named conv-upstream; then
+  if [ -n "${CONV_UPSTREAM_SRC:-}" ]; then
+    t0=$(date +%s)
+    python3 bench/build_causal_conv1d.py "$CONV_UPSTREAM_SRC" --out "$conv_pp" --arch "$ARCH" --jobs "$JOBS" \
+      --verbose >"$OUT/conv-upstream-build.log" 2>&1
+    note "conv-upstream: causal_conv1d_cuda build rc=$? ($(( $(date +%s) - t0 )) s, conv-upstream-build.log)"
+  else
+    note "conv-upstream: CONV_UPSTREAM_SRC not set (a causal-conv1d checkout; steps conv-golden and conv-bench need it)"
+  fi
+fi
+if named conv-golden; then
+  PYTHONPATH="$conv_pp${PYTHONPATH:+:$PYTHONPATH}" python3 tests/data/conv1d_golden/make_goldens.py --out "$OUT" \
+    >"$OUT/conv-golden.log" 2>&1
+  note "conv-golden: make_goldens rc=$? ($(tail -1 "$OUT/conv-golden.log"))"
+fi
+if named conv-bench; then
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  if [ -n "$bench" ]; then
+    "$bench" --benchmark_filter="${CONV_BENCH_FILTER:-^conv1d/}" --benchmark_out="$OUT/conv-bench.json" \
+      --benchmark_out_format=json >"$OUT/conv-bench.log" 2>&1
+    note "conv-bench: selscan rows rc=$? (conv-bench.json)"
+  else
+    note "conv-bench: no selscan_bench binary"
+  fi
+  PYTHONPATH="$conv_pp${PYTHONPATH:+:$PYTHONPATH}" python3 bench/upstream_conv1d.py \
+    --filter "${CONV_BENCH_FILTER:-^conv1d/}" --json "$OUT/conv-upstream.json" >>"$OUT/conv-bench.log" 2>&1
+  note "conv-bench: upstream rows rc=$? (conv-upstream.json)"
+  if [ -f "$OUT/conv-bench.json" ] && [ -f "$OUT/conv-upstream.json" ]; then
+    python3 bench/conv1d_table.py "$OUT/conv-bench.json" "$OUT/conv-upstream.json" --out "$OUT/conv-table.md" \
+      >>"$OUT/conv-bench.log" 2>&1
+    note "conv-bench: table rc=$? (conv-table.md)"
+  fi
 fi
 
 if [[ " ${steps[*]} " == *" limits "* ]]; then
