@@ -50,11 +50,13 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 }
 
 // How the CUDA kernel serves a call, decided on the host (and tested on the CPU): `lanes` adjacent threads per
-// channel (a power of two: N / kStatesPerLane rounded up, at most 32), each owning kStatesPerLane consecutive
-// states; and which tensors allow 16-byte loads of a lane's states (unit state stride, dstate a multiple of
-// kStatesPerLane, the base and every other stride on 16-byte boundaries).
+// channel (a power of two, at most 32), each owning `states_per_lane` consecutive states of one sequence, 16 bytes
+// of state where it can: 4 fp32 states (8 above dstate 128, so that a channel fits a warp), 8 16-bit states; and
+// which tensors allow vector loads of a lane's states (unit state stride, dstate a multiple of states_per_lane,
+// the base and every other stride aligned to the load's width, at most 16 bytes).
 struct StateUpdatePlan {
-  static constexpr int kStatesPerLane = 8;
+  static constexpr int kMaxStatesPerLane = 8;
+  int states_per_lane;  // 4 or 8
   int lanes, lane_bits;
   bool vec_state, vec_A, vec_B, vec_C;
 };

@@ -1,30 +1,28 @@
-// The decode step (selscan_state_update) on CUDA: one kernel, instantiated per state dtype, and per state dtype once
+// The decode step (selscan_state_update) on CUDA: one kernel, instantiated per state dtype and lane width, and once
 // more for calls with dst_state_batch_indices (kDst: the state is written to another slot than the one read). The
-// in-place instances carry no destination code, so a call without destinations runs exactly the kernel it ran
-// before destinations existed.
+// in-place instances carry no destination code.
 //
 // The call is memory-bound: per sequence it reads and writes the slot's H*P*N states and reads only O(H*P + N)
-// other values. So the layout serves the state stream:
-//   - a channel (h, p) is served by `lanes` adjacent threads (a power of two, N/8 rounded up, at most 32), each
-//     owning 8 consecutive states: one 32-byte sector of fp32 state (two 16-byte loads) or one 16-byte load of
-//     16-bit state per thread, so a warp's loads and stores cover whole sectors of consecutive channels;
-//   - the state is read once with streaming loads (it is not reused before the next decode step, which comes
-//     after every other layer's states have passed through L2), kept in registers through the T tokens, and
-//     written once with streaming stores; out sums over the channel's lanes with shuffles (no shared memory);
-//   - grid.y walks the sequences (kSeqs per thread), so a block's slot lookups and padding branches are
-//     uniform; grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
-// The lanes and the vector paths are decided on the host (plan_state_update, src/state_update.cpp).
-// dt, x, z, B and C are tiny and read through runtime-dtype loads (FLOAT32 or x's dtype each): the only
-// compile-time parameters are the state dtype and whether states go to other slots.
-//
-// Two kernels share that layout. The single-token kernel (T = 1, the decode step of every generated token, and
-// every block of channels inside one group) issues all its memory traffic at once: the slots of its sequences,
-// then their states, their per-channel inputs and, staged cooperatively in shared memory, their B and C rows, so a
-// thread waits for one round trip after the slot lookup instead of one more per sequence. The general kernel
-// (T > 1, or groups narrower than a block) walks the tokens of each sequence in turn.
+// other values. So the layout serves the state stream, as many small independent pieces of it in flight as the SMs
+// hold:
+//   - a channel (h, p) of one sequence is served by `lanes` adjacent threads (a power of two, at most 32), each
+//     owning `states_per_lane` consecutive states: 16 bytes of state a thread (4 fp32 or 8 16-bit states; 8 fp32
+//     above dstate 128), one vector load and one store, so a warp covers whole sectors of consecutive channels;
+//   - a block serves one sequence (grid.y walks the sequences), so its slot lookup and padding branch are uniform,
+//     and a thread holds one sequence's states: few registers, many resident warps. Everything a step reads is
+//     issued before it is used: the slot, then the states; the channel's x, dt and z and the lane's B and C
+//     independently of the slot. (A thread serving several sequences at once, or staging B and C through shared
+//     memory, measured slower: validation/optimisation-log.md);
+//   - the state is read with streaming loads (it is not reused before the next decode step, which comes after every
+//     other layer's states have passed through L2), kept in registers through the T tokens, and written once with
+//     streaming stores; out sums over the channel's lanes with shuffles.
+// The lanes, the lane width and the vector paths are decided on the host (plan_state_update, src/state_update.cpp).
+// dt, x, z, B and C are read through runtime-dtype loads (FLOAT32 or x's dtype each): the compile-time parameters
+// are the state dtype, the lane width and whether states go to other slots.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/launch.cuh"
@@ -35,7 +33,6 @@ namespace selscan::kern {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kStatesPerLane = StateUpdatePlan::kStatesPerLane;
 constexpr int64_t kMaxGridY = 65535;
 
 // ---------------------------------------------------------------------------------------------- IO
@@ -51,75 +48,95 @@ __device__ __forceinline__ void st(Dtype t, void* p, int64_t off, float v) {
   else static_cast<__nv_bfloat16*>(p)[off] = from_f32<__nv_bfloat16>(v);
 }
 
-// Eight values of a runtime-dtype tensor from element `off` on, `stride` apart, into floats; values at or past
-// `valid` read as 0. `vec`: unit stride and 16-byte aligned (checked on the host), so 16-byte loads.
-__device__ __forceinline__ void ld8(Dtype t, const void* p, int64_t off, int64_t stride, int valid, bool vec,
-                                    float* out) {
+// 8 raw bytes (four 16-bit values) -> floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(uint2 raw, float* out) {
+  float v[8];
+  unpack16<T>(make_uint4(raw.x, raw.y, 0u, 0u), v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = v[i];
+}
+
+// kL values of a runtime-dtype tensor from element `off` on, `stride` apart, into floats; values at or past `valid`
+// read as 0. `vec`: unit stride and aligned to the run's width (checked on the host), so vector loads.
+template <int kL>
+__device__ __forceinline__ void ld_run(Dtype t, const void* p, int64_t off, int64_t stride, int valid, bool vec,
+                                       float* out) {
   if (vec) {
     if (t == Dtype::f32) {
       const uint4* q = reinterpret_cast<const uint4*>(static_cast<const float*>(p) + off);
-      unpack16<float>(__ldg(q), out);
-      unpack16<float>(__ldg(q + 1), out + 4);
+#pragma unroll
+      for (int i = 0; i < kL / 4; ++i) unpack16<float>(__ldg(q + i), out + 4 * i);
     } else {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p) + off));
-      if (t == Dtype::f16) unpack16<__half>(raw, out);
-      else unpack16<__nv_bfloat16>(raw, out);
+      const unsigned short* q = static_cast<const unsigned short*>(p) + off;
+      if constexpr (kL == 8) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(q));
+        if (t == Dtype::f16) unpack16<__half>(raw, out);
+        else unpack16<__nv_bfloat16>(raw, out);
+      } else {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(q));
+        if (t == Dtype::f16) unpack8<__half>(raw, out);
+        else unpack8<__nv_bfloat16>(raw, out);
+      }
     }
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j) out[j] = j < valid ? ld(t, p, off + j * stride) : 0.f;
+  for (int j = 0; j < kL; ++j) out[j] = j < valid ? ld(t, p, off + j * stride) : 0.f;
 }
 
-// The slot's states, S = the state dtype: streaming loads and stores (evict-first).
-template <typename S>
+// The slot's states, S = the state dtype: streaming loads and stores (evict-first); kL * sizeof(S) is 8, 16 or 32
+// bytes on the vector path.
+template <typename S, int kL>
 __device__ __forceinline__ void load_state(const S* p, int64_t stride, int valid, bool vec, float* s) {
+  constexpr int kBytes = kL * static_cast<int>(sizeof(S));
   if (vec) {
-    const uint4* q = reinterpret_cast<const uint4*>(p);
-    if constexpr (sizeof(S) == 4) {
-      unpack16<float>(__ldcs(q), s);
-      unpack16<float>(__ldcs(q + 1), s + 4);
+    if constexpr (kBytes == 8) {
+      const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(p));
+      unpack8<S>(raw, s);
     } else {
-      unpack16<S>(__ldcs(q), s);
+      const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) unpack16<S>(__ldcs(q + i), s + i * 16 / static_cast<int>(sizeof(S)));
     }
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j) s[j] = j < valid ? to_f32(p[j * stride]) : 0.f;
+  for (int j = 0; j < kL; ++j) s[j] = j < valid ? to_f32(p[j * stride]) : 0.f;
 }
 
-template <typename S>
+template <typename S, int kL>
 __device__ __forceinline__ void store_state(S* p, int64_t stride, int valid, bool vec, const float* s) {
+  constexpr int kBytes = kL * static_cast<int>(sizeof(S));
   if (vec) {
-    uint4* q = reinterpret_cast<uint4*>(p);
-    if constexpr (sizeof(S) == 4) {
-      __stcs(q, pack16<float>(s));
-      __stcs(q + 1, pack16<float>(s + 4));
+    if constexpr (kBytes == 8) {
+      float v[8] = {s[0], s[1], s[2], s[3], 0.f, 0.f, 0.f, 0.f};
+      const uint4 w = pack16<S>(v);
+      __stcs(reinterpret_cast<uint2*>(p), make_uint2(w.x, w.y));
     } else {
-      __stcs(q, pack16<S>(s));
+      uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) __stcs(q + i, pack16<S>(s + i * 16 / static_cast<int>(sizeof(S))));
     }
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j)
+  for (int j = 0; j < kL; ++j)
     if (j < valid) p[j * stride] = from_f32<S>(s[j]);
 }
 
 // ---------------------------------------------------------------------------------------------- kernel
-// Sequences per thread: each thread serves its channel (same A, D, dt_bias and offsets) for this many
-// sequences, and issues all their state loads before it computes any, so that a resident thread keeps 64 bytes
-// of state (fp32: 2 x 32; 16-bit: 4 x 16) in flight. With one sequence per thread, the registers the loop
-// needs (about 90) allowed too few resident threads to keep enough state bytes in flight per SM.
-template <typename S>
-constexpr int kSeqs = sizeof(S) == 4 ? 2 : 4;
+// What a sequence does: update its slot, or only write out (0 for padding, NaN for an index outside the pool).
+enum SeqKind : int { kRun = 0, kPad = 1, kBad = 2 };
 
-// What a sequence of the current step does: update its slot, or only write out (0 for padding, NaN for an index
-// outside the pool), or nothing (past the batch).
-enum SeqKind : int { kRun = 0, kPad = 1, kBad = 2, kNone = 3 };
+// Resident blocks asked of the compiler (SELSCAN_DECODE_MIN_BLOCKS: 0 = no register cap).
+#ifndef SELSCAN_DECODE_MIN_BLOCKS
+#define SELSCAN_DECODE_MIN_BLOCKS 0
+#endif
+constexpr int kMinBlocks = SELSCAN_DECODE_MIN_BLOCKS > 0 ? SELSCAN_DECODE_MIN_BLOCKS : 1;
 
-template <typename S, bool kDst>
-__global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdate p, const StateUpdatePlan plan) {
-  constexpr int R = kSeqs<S>;
+template <typename S, int kL, bool kDst>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) state_update_kernel(const StateUpdate p, const StateUpdatePlan plan) {
   const int P = static_cast<int>(p.headdim);
   const int channels = static_cast<int>(p.heads) * P;
   const int gtid = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
@@ -131,13 +148,13 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
   if (!live) c = channels - 1;
   const int h = c / P, pp = c - h * P;
   const int64_t g = h / p.heads_per_group;
-  const int n0 = lane * kStatesPerLane;
-  const int valid = static_cast<int>(p.dstate) - n0;  // states of this lane: min(valid, 8); none when <= 0
+  const int n0 = lane * kL;
+  const int valid = static_cast<int>(p.dstate) - n0;  // states of this lane: min(valid, kL); none when <= 0
 
-  float a[kStatesPerLane];  // A * log2(e): exp(A dt) = exp2(a dt)
-  ld8(Dtype::f32, p.A, h * p.sA[0] + pp * p.sA[1] + n0 * p.sA[2], p.sA[2], valid, plan.vec_A && valid > 0, a);
+  float a[kL];  // A * log2(e): exp(A dt) = exp2(a dt)
+  ld_run<kL>(Dtype::f32, p.A, h * p.sA[0] + pp * p.sA[1] + n0 * p.sA[2], p.sA[2], valid, plan.vec_A && valid > 0, a);
 #pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j) a[j] *= kLog2e;
+  for (int j = 0; j < kL; ++j) a[j] *= kLog2e;
   const float Dv = p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + h * p.sD[0] + pp * p.sD[1]) : 0.f;
   const float bias =
       p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + h * p.sbias[0] + pp * p.sbias[1]) : 0.f;
@@ -147,292 +164,73 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
   const int64_t cs = h * p.sstate[1] + pp * p.sstate[2] + n0 * p.sstate[3];
   const bool writer = live && lane == 0;
   const bool vec_state = plan.vec_state && valid > 0;
+  const bool vec_B = plan.vec_B && valid > 0, vec_C = plan.vec_C && valid > 0;
 
-  for (int64_t b0 = static_cast<int64_t>(blockIdx.y) * R; b0 < p.batch; b0 += static_cast<int64_t>(gridDim.y) * R) {
-    // The slots, then every slot's loads: all in flight before the first use. Kinds are uniform over the block.
-    int kind[R];
-    S* sp[R];
-    S* dp[R];  // kDst: the slot written; nullptr when dst is pad_slot_id (out only)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t b = b0 + r;
-      int64_t slot = b;
-      kind[r] = b < p.batch ? kRun : kNone;
-      if (kind[r] == kRun && p.idx != nullptr) {
-        slot = p.idx64 ? __ldg(static_cast<const long long*>(p.idx) + b * p.sidx)
-                       : __ldg(static_cast<const int*>(p.idx) + b * p.sidx);
-        if (slot == p.pad_slot) kind[r] = kPad;
-        else if (slot < 0 || slot >= p.slots) kind[r] = kBad;
-      }
-      sp[r] = static_cast<S*>(p.state) + (kind[r] == kRun ? slot * p.sstate[0] + cs : 0);
-      if constexpr (kDst) {
-        dp[r] = nullptr;
-        if (kind[r] == kRun) {  // a destination outside the pool is reported like a source outside it
-          const int64_t d = p.dst64 ? __ldg(static_cast<const long long*>(p.dst) + b * p.sdst)
-                                    : __ldg(static_cast<const int*>(p.dst) + b * p.sdst);
-          if (d != p.pad_slot) {
-            if (d < 0 || d >= p.slots) kind[r] = kBad;
-            else dp[r] = static_cast<S*>(p.state) + d * p.sstate[0] + cs;
-          }
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    // The first token's inputs do not depend on the slot: issued with (not after) the slot lookup.
+    float x = ld(p.x_t, p.x, b * p.sx[0] + cx);
+    float dt = ld(p.dt_t, p.dt, b * p.sdt[0] + cdt);
+    float z = p.z != nullptr && writer ? ld(p.z_t, p.z, b * p.sz[0] + cz) : 0.f;
+    float Bv[kL], Cv[kL];
+    ld_run<kL>(p.B_t, p.B, b * p.sB[0] + cB, p.sB[3], valid, vec_B, Bv);
+    ld_run<kL>(p.C_t, p.C, b * p.sC[0] + cC, p.sC[3], valid, vec_C, Cv);
+
+    int kind = kRun;
+    int64_t slot = b;
+    if (p.idx != nullptr) {
+      slot = p.idx64 ? __ldg(static_cast<const long long*>(p.idx) + b * p.sidx)
+                     : __ldg(static_cast<const int*>(p.idx) + b * p.sidx);
+      if (slot == p.pad_slot) kind = kPad;
+      else if (slot < 0 || slot >= p.slots) kind = kBad;
+    }
+    S* dp = nullptr;  // the slot written; kDst: nullptr when dst is pad_slot_id (out only)
+    if constexpr (kDst) {
+      if (kind == kRun) {  // a destination outside the pool is reported like a source outside it
+        const int64_t d = p.dst64 ? __ldg(static_cast<const long long*>(p.dst) + b * p.sdst)
+                                  : __ldg(static_cast<const int*>(p.dst) + b * p.sdst);
+        if (d != p.pad_slot) {
+          if (d < 0 || d >= p.slots) kind = kBad;
+          else dp = static_cast<S*>(p.state) + d * p.sstate[0] + cs;
         }
       }
     }
-    float s[R][kStatesPerLane];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (kind[r] == kRun) load_state(sp[r], p.sstate[3], valid, vec_state, s[r]);
+    if (kind != kRun) {  // no slot to touch (uniform over the block)
+      if (writer)
+        for (int64_t t = 0; t < p.tokens; ++t)
+          st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, kind == kPad ? 0.f : __int_as_float(0x7fffffff));
+      continue;
     }
+    S* sp = static_cast<S*>(p.state) + slot * p.sstate[0] + cs;
+    if constexpr (!kDst) dp = sp;
+    float s[kL];
+    load_state<S, kL>(sp, p.sstate[3], valid, vec_state, s);
 
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      if (t > 0) {  // later tokens (speculative decoding): their inputs after the previous token's step
+        x = ld(p.x_t, p.x, b * p.sx[0] + t * p.sx[1] + cx);
+        dt = ld(p.dt_t, p.dt, b * p.sdt[0] + t * p.sdt[1] + cdt);
+        if (p.z != nullptr && writer) z = ld(p.z_t, p.z, b * p.sz[0] + t * p.sz[1] + cz);
+        ld_run<kL>(p.B_t, p.B, b * p.sB[0] + t * p.sB[1] + cB, p.sB[3], valid, vec_B, Bv);
+        ld_run<kL>(p.C_t, p.C, b * p.sC[0] + t * p.sC[1] + cC, p.sC[3], valid, vec_C, Cv);
+      }
+      float d = dt + bias;
+      if (p.softplus) d = softplus(d);
+      const float dtx = d * x;
+      float y = 0.f;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t b = b0 + r;
-      if (kind[r] == kPad || kind[r] == kBad) {  // no slot to touch
-        if (writer)
-          for (int64_t t = 0; t < p.tokens; ++t)
-            st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, kind[r] == kPad ? 0.f : __int_as_float(0x7fffffff));
-      } else if (kind[r] == kRun) {
-        for (int64_t t = 0; t < p.tokens; ++t) {
-          const float x = ld(p.x_t, p.x, b * p.sx[0] + t * p.sx[1] + cx);
-          float dt = ld(p.dt_t, p.dt, b * p.sdt[0] + t * p.sdt[1] + cdt) + bias;
-          if (p.softplus) dt = softplus(dt);
-          float Bv[kStatesPerLane], Cv[kStatesPerLane];
-          ld8(p.B_t, p.B, b * p.sB[0] + t * p.sB[1] + cB, p.sB[3], valid, plan.vec_B && valid > 0, Bv);
-          ld8(p.C_t, p.C, b * p.sC[0] + t * p.sC[1] + cC, p.sC[3], valid, plan.vec_C && valid > 0, Cv);
-          const float dtx = dt * x;
-          float y = 0.f;
-#pragma unroll
-          for (int j = 0; j < kStatesPerLane; ++j)
-            if (j < valid) {
-              s[r][j] = fmaf(s[r][j], exp2_fast(a[j] * dt), Bv[j] * dtx);
-              y = fmaf(s[r][j], Cv[j], y);
-            }
-          for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
-          if (writer) {
-            y = fmaf(Dv, x, y);
-            if (p.z != nullptr) y *= silu(ld(p.z_t, p.z, b * p.sz[0] + t * p.sz[1] + cz));
-            st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, y);
-          }
+      for (int j = 0; j < kL; ++j)
+        if (j < valid) {
+          s[j] = fmaf(s[j], exp2_fast(a[j] * d), Bv[j] * dtx);
+          y = fmaf(s[j], Cv[j], y);
         }
-        if constexpr (kDst) {
-          if (live && valid > 0 && dp[r] != nullptr) store_state(dp[r], p.sstate[3], valid, plan.vec_state, s[r]);
-        } else {
-          if (live && valid > 0) store_state(sp[r], p.sstate[3], valid, plan.vec_state, s[r]);
-        }
+      for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
+      if (writer) {
+        y = fmaf(Dv, x, y);
+        if (p.z != nullptr) y *= silu(z);
+        st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, y);
       }
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------- one token
-// Sequences per block of the single-token kernel. Its states are loaded into registers for all of them before
-// anything is computed: with 4, a thread keeps 128 bytes of fp32 state (64 of 16-bit) in flight.
-constexpr int kSeqs1 = 4;
-// B and C of the block's group for its kSeqs1 sequences are staged by the whole block, in batches of kStageBatch
-// loads a thread: at most kStagePerThread elements a thread (kSeqs1 * 2 * kMaxDstate / kThreads), so at dstate 128
-// two batches, both L2 round trips well inside the states' trip to memory.
-constexpr int kStagePerThread = kSeqs1 * 2 * static_cast<int>(kMaxDstate) / kThreads;
-constexpr int kStageBatch = 4;
-// Resident blocks the single-token kernel asks for: 5 (96 registers) where its code fits without spilling, the
-// 16-bit in-place instances; 4 (128) for the others, which spill at 96 (ptxas -v, sm_90).
-template <typename S, bool kDst>
-constexpr int kMinBlocks1 = sizeof(S) == 2 && !kDst ? 5 : 4;
-
-// A lane's states of one slot as loaded: fp32 as floats, 16-bit states as their raw 16 bytes (half the
-// registers; converted when the step computes).
-template <typename S>
-struct LaneState {
-  float v[kStatesPerLane];
-  __device__ __forceinline__ void load(const S* p, int64_t stride, int valid, bool vec) { load_state(p, stride, valid, vec, v); }
-  __device__ __forceinline__ void get(float* out) const {
-#pragma unroll
-    for (int j = 0; j < kStatesPerLane; ++j) out[j] = v[j];
-  }
-};
-template <>
-struct LaneState<__half> {
-  uint4 raw;
-  __device__ __forceinline__ void load(const __half* p, int64_t stride, int valid, bool vec);
-  __device__ __forceinline__ void get(float* out) const { unpack16<__half>(raw, out); }
-};
-template <>
-struct LaneState<__nv_bfloat16> {
-  uint4 raw;
-  __device__ __forceinline__ void load(const __nv_bfloat16* p, int64_t stride, int valid, bool vec);
-  __device__ __forceinline__ void get(float* out) const { unpack16<__nv_bfloat16>(raw, out); }
-};
-// 16-bit states: one streaming 16-byte load, or the scalar path's values packed into the same layout (0 past
-// `valid`).
-template <typename S>
-__device__ __forceinline__ uint4 load_raw16(const S* p, int64_t stride, int valid, bool vec) {
-  if (vec) return __ldcs(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = 2 * i < valid ? bits16(p[2 * i * stride]) : 0u;
-    const uint32_t hi = 2 * i + 1 < valid ? bits16(p[(2 * i + 1) * stride]) : 0u;
-    w[i] = lo | (hi << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-__device__ __forceinline__ void LaneState<__half>::load(const __half* p, int64_t stride, int valid, bool vec) {
-  raw = load_raw16(p, stride, valid, vec);
-}
-__device__ __forceinline__ void LaneState<__nv_bfloat16>::load(const __nv_bfloat16* p, int64_t stride, int valid,
-                                                               bool vec) {
-  raw = load_raw16(p, stride, valid, vec);
-}
-
-template <typename S, bool kDst>
-__global__ void __launch_bounds__(kThreads, kMinBlocks1<S, kDst>) state_update_1tok_kernel(const StateUpdate p, const StateUpdatePlan plan) {
-  constexpr int R = kSeqs1;
-  __shared__ __align__(16) float sbc[R][2][kMaxDstate];  // [sequence][B, C][state], fp32
-  const int P = static_cast<int>(p.headdim);
-  const int channels = static_cast<int>(p.heads) * P;
-  const int gtid = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
-  const int lane = gtid & (plan.lanes - 1);
-  int c = gtid >> plan.lane_bits;
-  const bool live = c < channels;
-  if (!live) c = channels - 1;
-  const int h = c / P, pp = c - h * P;
-  // Every channel of this block reads the same group (the host sends calls where groups are narrower than a
-  // block to the general kernel).
-  const int64_t g = h / p.heads_per_group;
-  const int n0 = lane * kStatesPerLane;
-  const int valid = static_cast<int>(p.dstate) - n0;
-  const int N = static_cast<int>(p.dstate);
-
-  float a[kStatesPerLane];
-  ld8(Dtype::f32, p.A, h * p.sA[0] + pp * p.sA[1] + n0 * p.sA[2], p.sA[2], valid, plan.vec_A && valid > 0, a);
-#pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j) a[j] *= kLog2e;
-  const float Dv = p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + h * p.sD[0] + pp * p.sD[1]) : 0.f;
-  const float bias =
-      p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + h * p.sbias[0] + pp * p.sbias[1]) : 0.f;
-  const int64_t cx = h * p.sx[2] + pp * p.sx[3], cdt = h * p.sdt[2] + pp * p.sdt[3];
-  const int64_t cz = h * p.sz[2] + pp * p.sz[3], co = h * p.sout[2] + pp * p.sout[3];
-  const int64_t cs = h * p.sstate[1] + pp * p.sstate[2] + n0 * p.sstate[3];
-  const bool writer = live && lane == 0;
-  const bool vec_state = plan.vec_state && valid > 0;
-
-  for (int64_t b0 = static_cast<int64_t>(blockIdx.y) * R; b0 < p.batch; b0 += static_cast<int64_t>(gridDim.y) * R) {
-    int kind[R];
-    S* sp[R];
-    S* dp[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t b = b0 + r;
-      int64_t slot = b;
-      kind[r] = b < p.batch ? kRun : kNone;
-      if (kind[r] == kRun && p.idx != nullptr) {
-        slot = p.idx64 ? __ldg(static_cast<const long long*>(p.idx) + b * p.sidx)
-                       : __ldg(static_cast<const int*>(p.idx) + b * p.sidx);
-        if (slot == p.pad_slot) kind[r] = kPad;
-        else if (slot < 0 || slot >= p.slots) kind[r] = kBad;
-      }
-      sp[r] = static_cast<S*>(p.state) + (kind[r] == kRun ? slot * p.sstate[0] + cs : 0);
-      if constexpr (kDst) {
-        dp[r] = nullptr;
-        if (kind[r] == kRun) {
-          const int64_t d = p.dst64 ? __ldg(static_cast<const long long*>(p.dst) + b * p.sdst)
-                                    : __ldg(static_cast<const int*>(p.dst) + b * p.sdst);
-          if (d != p.pad_slot) {
-            if (d < 0 || d >= p.slots) kind[r] = kBad;
-            else dp[r] = static_cast<S*>(p.state) + d * p.sstate[0] + cs;
-          }
-        }
-      }
-    }
-    // Everything this step reads, in flight together: the states, the channel's x, dt and z, and B and C.
-    LaneState<S> ls[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (kind[r] == kRun) ls[r].load(sp[r], p.sstate[3], valid, vec_state);
-    float xv[R], dtv[R], zv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t b = b0 + r;
-      xv[r] = dtv[r] = zv[r] = 0.f;
-      if (kind[r] == kRun) {
-        xv[r] = ld(p.x_t, p.x, b * p.sx[0] + cx);
-        dtv[r] = ld(p.dt_t, p.dt, b * p.sdt[0] + cdt);
-        if (p.z != nullptr && writer) zv[r] = ld(p.z_t, p.z, b * p.sz[0] + cz);
-      }
-    }
-    const int staged = R * 2 * N;
-    for (int k0 = 0; k0 < kStagePerThread && static_cast<int>(threadIdx.x) + k0 * kThreads < staged;
-         k0 += kStageBatch) {
-      float v[kStageBatch];
-#pragma unroll
-      for (int k = 0; k < kStageBatch; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads;
-        v[k] = 0.f;
-        if (i < staged) {
-          const int r = i / (2 * N), rem = i - r * 2 * N, which = rem >= N, n = rem - which * N;
-          const int64_t b = b0 + r;
-          if (b < p.batch)
-            v[k] = which ? ld(p.C_t, p.C, b * p.sC[0] + g * p.sC[2] + n * p.sC[3])
-                         : ld(p.B_t, p.B, b * p.sB[0] + g * p.sB[2] + n * p.sB[3]);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kStageBatch; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads;
-        if (i < staged) {
-          const int r = i / (2 * N), rem = i - r * 2 * N, which = rem >= N, n = rem - which * N;
-          sbc[r][which][n] = v[k];
-        }
-      }
-    }
-    __syncthreads();
-
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t b = b0 + r;
-      if (kind[r] == kPad || kind[r] == kBad) {
-        if (writer) st(p.x_t, p.out, b * p.sout[0] + co, kind[r] == kPad ? 0.f : __int_as_float(0x7fffffff));
-      } else if (kind[r] == kRun) {
-        float dt = dtv[r] + bias;
-        if (p.softplus) dt = softplus(dt);
-        float Bv[kStatesPerLane], Cv[kStatesPerLane];
-        if (valid >= kStatesPerLane) {
-          const float4* bq = reinterpret_cast<const float4*>(&sbc[r][0][n0]);
-          const float4* cq = reinterpret_cast<const float4*>(&sbc[r][1][n0]);
-          const float4 b_lo = bq[0], b_hi = bq[1], c_lo = cq[0], c_hi = cq[1];
-          Bv[0] = b_lo.x, Bv[1] = b_lo.y, Bv[2] = b_lo.z, Bv[3] = b_lo.w;
-          Bv[4] = b_hi.x, Bv[5] = b_hi.y, Bv[6] = b_hi.z, Bv[7] = b_hi.w;
-          Cv[0] = c_lo.x, Cv[1] = c_lo.y, Cv[2] = c_lo.z, Cv[3] = c_lo.w;
-          Cv[4] = c_hi.x, Cv[5] = c_hi.y, Cv[6] = c_hi.z, Cv[7] = c_hi.w;
-        } else {
-#pragma unroll
-          for (int j = 0; j < kStatesPerLane; ++j) {
-            Bv[j] = j < valid ? sbc[r][0][n0 + j] : 0.f;
-            Cv[j] = j < valid ? sbc[r][1][n0 + j] : 0.f;
-          }
-        }
-        const float dtx = dt * xv[r];
-        float sv[kStatesPerLane];
-        ls[r].get(sv);
-        float y = 0.f;
-#pragma unroll
-        for (int j = 0; j < kStatesPerLane; ++j)
-          if (j < valid) {
-            sv[j] = fmaf(sv[j], exp2_fast(a[j] * dt), Bv[j] * dtx);
-            y = fmaf(sv[j], Cv[j], y);
-          }
-        for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
-        if (writer) {
-          y = fmaf(Dv, xv[r], y);
-          if (p.z != nullptr) y *= silu(zv[r]);
-          st(p.x_t, p.out, b * p.sout[0] + co, y);
-        }
-        if constexpr (kDst) {
-          if (live && valid > 0 && dp[r] != nullptr) store_state(dp[r], p.sstate[3], valid, plan.vec_state, sv);
-        } else {
-          if (live && valid > 0) store_state(sp[r], p.sstate[3], valid, plan.vec_state, sv);
-        }
-      }
-    }
-    __syncthreads();  // the next sequences' B and C overwrite the staging
+    if (live && valid > 0 && dp != nullptr) store_state<S, kL>(dp, p.sstate[3], valid, plan.vec_state, s);
   }
 }
 
@@ -444,30 +242,25 @@ namespace selscan::cuda {
 Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, void* stream) {
   using namespace kern;
   const int64_t threads = p.channels() * plan.lanes;  // < 2^31 (validated)
-  const auto grid = [&](int seqs) {
-    const int64_t y = (p.batch + seqs - 1) / seqs;
-    return dim3(static_cast<unsigned>((threads + kThreads - 1) / kThreads),
-                static_cast<unsigned>(y < kMaxGridY ? y : kMaxGridY));
-  };
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(p.batch < kMaxGridY ? p.batch : kMaxGridY));
   const auto s = static_cast<cudaStream_t>(stream);
-  // The single-token kernel needs every block's channels inside one group: block starts are multiples of
-  // kThreads / lanes channels, so it suffices that a group's channels are a multiple of that (or one group).
-  const int64_t block_channels = kThreads >> plan.lane_bits;
-  const bool one_token = p.tokens == 1 && (p.groups == 1 || (p.heads_per_group * p.headdim) % block_channels == 0);
-  const auto launch = [&](auto state_tag) {
+  const auto launch = [&](auto state_tag, auto lanes_tag) {
     using S = decltype(state_tag);
-    if (one_token) {
-      if (p.dst != nullptr) state_update_1tok_kernel<S, true><<<grid(kSeqs1), kThreads, 0, s>>>(p, plan);
-      else state_update_1tok_kernel<S, false><<<grid(kSeqs1), kThreads, 0, s>>>(p, plan);
-    } else {
-      if (p.dst != nullptr) state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
-      else state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
-    }
+    constexpr int kL = decltype(lanes_tag)::value;
+    if (p.dst != nullptr) state_update_kernel<S, kL, true><<<grid, kThreads, 0, s>>>(p, plan);
+    else state_update_kernel<S, kL, false><<<grid, kThreads, 0, s>>>(p, plan);
+  };
+  using L4 = std::integral_constant<int, 4>;
+  using L8 = std::integral_constant<int, 8>;
+  const auto launch_lanes = [&](auto state_tag) {
+    if (plan.states_per_lane == 4) launch(state_tag, L4{});
+    else launch(state_tag, L8{});
   };
   switch (p.state_t) {
-    case Dtype::f32: launch(float{}); break;
-    case Dtype::f16: launch(__half{}); break;
-    case Dtype::bf16: launch(__nv_bfloat16{}); break;
+    case Dtype::f32: launch_lanes(float{}); break;
+    case Dtype::f16: launch_lanes(__half{}); break;
+    case Dtype::bf16: launch_lanes(__nv_bfloat16{}); break;
     default: return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: state dtype is not f32/f16/bf16");
   }
   return launch_status("selscan_state_update: the kernel's launch");
