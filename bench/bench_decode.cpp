@@ -1,7 +1,7 @@
 // decode/ section: the decode step (selscan_state_update) against its memory floor, in both forms. Registers itself
 // (no change to bench_main.cpp's list of sections).
 //
-// Shapes (bf16 x, dt, z, B, C; fp32 A, D, dt_bias; softplus):
+// Shapes (bf16 x, dt, z, B, C, or fp16 with an fp16 state, which must have x's dtype; fp32 A, D, dt_bias; softplus):
 //   Mamba-1 form, as Mamba's step() calls it: D = 5120, N = 16 (Mamba-2.8b's width), state (S, D, N);
 //   Mamba-2 form ("m2_"), as Mamba-2 calls it: 80 heads x 64, N = 128, one group, state (S, H, P, N); dt, A, D and
 //   dt_bias broadcast over the head dim (stride 0), B and C (Bt, 1, N).
@@ -71,6 +71,11 @@ double call_bytes(const Shape& sh, int64_t batch, selscan_dtype_t state_dtype, s
          2.0 * static_cast<double>(batch * sh.N * dtype_size(itype)) + weights;
 }
 
+// x, dt, z, B, C and out: bf16, or fp16 with an fp16 state (a 16-bit state has x's dtype).
+selscan_dtype_t itype_for(selscan_dtype_t state_dtype) {
+  return state_dtype == SELSCAN_DTYPE_FLOAT16 ? SELSCAN_DTYPE_FLOAT16 : SELSCAN_DTYPE_BFLOAT16;
+}
+
 // A descriptor with explicit strides.
 selscan_tensor_t strided_desc(void* data, selscan_dtype_t t, std::initializer_list<int64_t> sizes,
                               std::initializer_list<int64_t> strides) {
@@ -86,7 +91,7 @@ selscan_tensor_t strided_desc(void* data, selscan_dtype_t t, std::initializer_li
 selscan_state_update_args_t decode_args(const Shape& sh, void* const* in, void* state, int64_t slots,
                                         selscan_dtype_t state_dtype, int64_t batch, int64_t first, void* idx,
                                         void* out, void* dst = nullptr) {
-  const selscan_dtype_t it = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
+  const selscan_dtype_t it = itype_for(state_dtype), f32 = SELSCAN_DTYPE_FLOAT32;
   const int64_t H = sh.H, P = sh.P, N = sh.N;
   selscan_state_update_args_t a = SELSCAN_STATE_UPDATE_ARGS_INIT;
   if (sh.heads) {
@@ -129,8 +134,8 @@ selscan_state_update_args_t decode_args(const Shape& sh, void* const* in, void* 
 // head and A, D, dt_bias are per head (broadcast by the descriptors).
 struct HostInputs {
   std::vector<std::vector<unsigned char>> bufs;
-  HostInputs(const Shape& sh, int64_t batch) {
-    const selscan_dtype_t bf = SELSCAN_DTYPE_BFLOAT16, f32 = SELSCAN_DTYPE_FLOAT32;
+  HostInputs(const Shape& sh, int64_t batch, selscan_dtype_t itype) {
+    const selscan_dtype_t bf = itype, f32 = SELSCAN_DTYPE_FLOAT32;
     using selscan_support::kB, selscan_support::kBias, selscan_support::kD, selscan_support::kDelta,
         selscan_support::kU, selscan_support::kZ;
     const int64_t ch = sh.channels(), per_head = sh.heads ? sh.H : ch;
@@ -152,7 +157,7 @@ struct HostInputs {
 
 void set_counters(benchmark::State& st, const Shape& sh, int64_t batch, selscan_dtype_t sd, double t,
                   double floor_bw) {
-  const double bytes = call_bytes(sh, batch, sd, SELSCAN_DTYPE_BFLOAT16);
+  const double bytes = call_bytes(sh, batch, sd, itype_for(sd));
   st.counters["us"] = t * 1e6;
   st.counters["bytes"] = bytes;
   st.counters["GB_s"] = bytes / t * 1e-9;
@@ -168,7 +173,7 @@ void set_counters(benchmark::State& st, const Shape& sh, int64_t batch, selscan_
 void run_cpu(benchmark::State& st, int64_t batch, int threads) {
   const selscan_dtype_t sd = SELSCAN_DTYPE_FLOAT32;
   const Shape sh = kMamba1;
-  HostInputs in(sh, batch);
+  HostInputs in(sh, batch, itype_for(sd));
   void* ptrs[8];
   for (int i = 0; i < 8; ++i) ptrs[i] = in.bufs[static_cast<size_t>(i)].data();
   std::vector<float> state(static_cast<size_t>(batch * sh.slot_elems()), 0.5f);
@@ -252,7 +257,7 @@ double copy_bandwidth() {
 
 void run_cuda(benchmark::State& st, Shape sh, int64_t batch, selscan_dtype_t sd, bool pool, bool dst) {
   DeviceBuffers dev;
-  HostInputs in(sh, batch);
+  HostInputs in(sh, batch, itype_for(sd));
   void* ptrs[8];
   for (int i = 0; i < 8; ++i) {
     const auto& h = in.bufs[static_cast<size_t>(i)];

@@ -1,6 +1,7 @@
 """The decode step beside mamba_ssm's Triton kernel (selective_state_update), same tensors, GPU time per step.
 
-Shapes (bf16 x, dt, B, C, z; fp32 A, D, dt_bias; softplus), as the serving issue's table has them:
+Shapes (bf16 x, dt, B, C, z, fp16 with an fp16 state; fp32 A, D, dt_bias; softplus), as the serving issue's
+table has them:
   m1          Mamba-1 form: D 5120, N 16, state (S, D, N)
   m2          Mamba-2 form: 80 heads x 64, N 128, 1 group, state (S, H, P, N); dt, A, D, dt_bias broadcast over
               the head dim (stride 0), as Mamba-2 passes them
@@ -79,7 +80,7 @@ class Cell:
 
     def __init__(self, form, batch, state_dtype, pool2x, dev, seed):
         g = torch.Generator(device=dev).manual_seed(seed)
-        bf = torch.bfloat16
+        bf = torch.float16 if state_dtype == torch.float16 else torch.bfloat16  # a 16-bit state has x's dtype
 
         def rnd(*shape, dtype=bf, scale=1.0, shift=0.0):
             return (torch.rand(*shape, device=dev, generator=g) * scale + shift).to(dtype)
