@@ -2,10 +2,7 @@
 mamba_mixer.py for Mamba-1 prefill and decode with and without prefix caching, mamba_mixer2.py's decode step, and
 the speculative-decoding forms of tests/kernels/mamba/test_mamba_ssm.py): the same argument order and keywords,
 the layouts the layers produce (transposed and split views), in-place outputs, padded batches, against a float64
-reference of each request's whole token stream. CPU tensors here; the CUDA variants run where torch sees a GPU and
-SELSCAN_CUDA_SERVING=1 (tools/gpu-check.sh)."""
-
-import os
+reference of each request's whole token stream. CPU tensors here; the CUDA variants run where torch sees a GPU."""
 
 import numpy as np
 import pytest
@@ -22,16 +19,8 @@ from test_state_update import ref_update  # noqa: E402  (the decode step's float
 RTOL, ATOL = 6e-4, 2e-3
 
 
-def _cuda_reason():
-    r = torch_cuda_skip_reason()
-    if r is None and os.environ.get("SELSCAN_CUDA_SERVING") != "1":
-        r = ("SELSCAN_CUDA_SERVING=1 is not set (the serving kernels' opt-in, docs/serving.md; tools/gpu-check.sh "
-             "sets it)")
-    return r
-
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(_cuda_reason() is not None,
-                                                                  reason=str(_cuda_reason())))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(torch_cuda_skip_reason() is not None,
+                                                                  reason=str(torch_cuda_skip_reason())))]
 
 
 class Request:

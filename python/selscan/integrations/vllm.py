@@ -284,6 +284,10 @@ def _tokens(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, dst, pad, out, 
         t_idx = torch.arange(M, device=dev)
     live = (t_idx.unsqueeze(0) < lens.unsqueeze(1)) & (init != pad).unsqueeze(1)
     if dev.type == "cpu":
+        if accepted is not None and n and int(lens.max()) > M:
+            b = int((lens > M).nonzero()[0])
+            raise _fail(f"cu_seqlens: sequence {b} has {int(lens[b])} tokens, more than the {M} columns of "
+                        f"dst_state_batch_indices (one destination slot per token)")
         broken = live[:, 1:] & (src[:, 1:] == pad)
         if bool(broken.any()):
             b, t = (int(i) for i in broken.nonzero()[0])
