@@ -231,9 +231,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     idx, dst = state_batch_indices, dst_state_batch_indices
     if cu_seqlens is None and num_accepted_tokens is None:
         n = x.shape[0]
-        if idx is None:
-            if state.shape[0] != n:  # vLLM: sequence b uses line b
-                idx, dst, pad = _const("arange", n, x.device), None, -1
+        if idx is None:  # vLLM: sequence b uses line b, in place (a dst is ignored)
+            dst = None
+            if state.shape[0] != n:
+                idx, pad = _const("arange", n, x.device), -1
         elif idx.dim() == 2 or idx.shape[0] != n:
             idx = idx[:n, 0] if idx.dim() == 2 else idx[:n]
         if dst is not None and (dst.dim() == 2 or dst.shape[0] != n):
