@@ -2,6 +2,7 @@
 #   STEP=install      cmake --install into WORK_DIR/prefix and check the layout
 #   STEP=find_package configure, build and run examples/find_package against that prefix
 #   STEP=serving      the same for examples/serving (the serving API's example; it prints PASS or FAIL)
+#   STEP=conv1d       the same for examples/conv1d (the causal conv1d's example; PASS or FAIL)
 #   STEP=pkgconfig    compile examples/pkgconfig/main.c with `pkg-config --cflags --libs selscan` and run it
 # Variables: BUILD_DIR SOURCE_DIR WORK_DIR CONFIG GENERATOR C_COMPILER LIBDIR [PKG_CONFIG]
 cmake_minimum_required(VERSION 3.25)
@@ -40,10 +41,11 @@ if(STEP STREQUAL "install")
   if(leaked)
     message(FATAL_ERROR "internal headers installed: ${leaked}")
   endif()
-elseif(STEP STREQUAL "find_package" OR STEP STREQUAL "serving")
+elseif(STEP STREQUAL "find_package" OR STEP STREQUAL "serving" OR STEP STREQUAL "conv1d")
   # examples/<STEP> is a CMake project with find_package(selscan) and one executable.
   set(exe_find_package selscan_consumer)
   set(exe_serving selscan_serving_example)
+  set(exe_conv1d selscan_conv1d_example)
   set(bin "${WORK_DIR}/${STEP}")
   file(REMOVE_RECURSE "${bin}")
   run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/examples/${STEP}" -B "${bin}" -G "${GENERATOR}"
