@@ -272,6 +272,33 @@ class DeviceCopies {
 
 }  // namespace
 
+selscan_status_t run_with_tensors(const std::vector<Tensor*>& ts, const DeviceMemory* dev,
+                                  const std::function<selscan_status_t(const Case::PtrMap&)>& call) {
+  if (dev == nullptr) return call(Case::PtrMap(host_ptr));
+  struct Copies {  // released however the call ends
+    const DeviceMemory& dev;
+    std::vector<std::pair<Tensor*, void*>> v;
+    ~Copies() {
+      for (auto& tp : v) dev.release(tp.second);
+    }
+  } copies{*dev, {}};
+  for (Tensor* t : ts) {
+    if (!t->present()) continue;
+    void* p = dev->alloc(t->storage.size());
+    if (p == nullptr) throw std::runtime_error("DeviceMemory::alloc returned NULL");
+    copies.v.emplace_back(t, p);
+    dev->to_device(p, t->storage.data(), t->storage.size());
+  }
+  const selscan_status_t s = call([&](Tensor& t) -> void* {
+    for (auto& tp : copies.v)
+      if (tp.first == &t) return tp.second;
+    return nullptr;
+  });
+  dev->sync();
+  for (auto& tp : copies.v) dev->to_host(tp.first->storage.data(), tp.second, tp.first->storage.size());
+  return s;
+}
+
 selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec, const DeviceMemory* dev) {
   poison(c.fwd_outputs());
   if (dev == nullptr) {

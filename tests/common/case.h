@@ -65,6 +65,10 @@ struct DeviceMemory {
 selscan_status_t run_fwd(Case& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr);
 selscan_status_t run_bwd(Case& c, const selscan_exec_t& exec, bool deterministic = true,
                          const DeviceMemory* dev = nullptr);
+// call(ptr) with `ptr` mapping each tensor of `ts` to its storage's base: the host storage (dev == nullptr), or a
+// device copy of every present one, copied back (after dev->sync()) and released when the call returns.
+selscan_status_t run_with_tensors(const std::vector<Tensor*>& ts, const DeviceMemory* dev,
+                                  const std::function<selscan_status_t(const Case::PtrMap&)>& call);
 // CPU exec with `threads` workers; CUDA exec on `device` with `stream` (a cudaStream_t; NULL: the legacy stream).
 selscan_exec_t cpu_exec(int threads = 0);
 selscan_exec_t cuda_exec(void* stream = nullptr, int32_t device = 0);

@@ -144,6 +144,31 @@ bool Tensor::same_bytes(const Tensor& other) const {
   return true;
 }
 
+Tensor make_strided(int32_t dtype, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                    unsigned char fill) {
+  if (strides.size() != sizes.size()) throw std::invalid_argument("make_strided: one stride per dim");
+  Tensor t;
+  t.dtype = dtype;
+  t.sizes = sizes;
+  t.strides = strides;
+  int64_t span = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) span += (sizes[i] - 1) * strides[i];
+  t.offset = kGuardElems;
+  t.storage.assign(static_cast<size_t>((span + 2 * kGuardElems) * t.esize()), fill);
+  return t;
+}
+
+void fill_values(Tensor& t, const std::function<double()>& gen) {
+  std::vector<int64_t> idx(t.sizes.size(), 0);
+  for (int64_t k = 0, n = t.numel(); k < n; ++k) {
+    t.set(idx, gen());
+    for (int i = static_cast<int>(idx.size()) - 1; i >= 0; --i) {
+      if (++idx[static_cast<size_t>(i)] < t.sizes[static_cast<size_t>(i)]) break;
+      idx[static_cast<size_t>(i)] = 0;
+    }
+  }
+}
+
 Tensor make_tensor(int32_t dtype, const std::vector<int64_t>& sizes, const Layout& layout, unsigned char fill) {
   Tensor t;
   t.dtype = dtype;

@@ -77,5 +77,10 @@ struct Layout {
 // A tensor of the given shape, every byte set to `fill` (kGuard for inputs before they are written).
 Tensor make_tensor(int32_t dtype, const std::vector<int64_t>& sizes, const Layout& layout = {},
                    unsigned char fill = kGuard);
+// The same with explicit non-negative strides (0 = broadcast; gaps between elements are guard bytes).
+Tensor make_strided(int32_t dtype, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                    unsigned char fill = kGuard);
+// Sets every element, in C order of the indices, to gen() rounded to the dtype.
+void fill_values(Tensor& t, const std::function<double()>& gen);
 
 }  // namespace selscan_test
