@@ -122,7 +122,7 @@ SELSCAN_API selscan_status_t selscan_bwd(const selscan_bwd_args_t* args, const s
 
 SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_args_t* args,
                                                   const selscan_exec_t* exec) {
-  return guarded([&] { return selscan::state_update(args, exec); });
+  return validated<selscan::StateUpdate>(args, exec, selscan::make_state_update, selscan::run_state_update);
 }
 
 SELSCAN_API selscan_status_t selscan_conv1d_fwd(const selscan_conv1d_fwd_args_t* args, const selscan_exec_t* exec) {

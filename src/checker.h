@@ -1,5 +1,5 @@
-// The argument checks every entry point shares (validate.cpp for the scan, state_update.cpp for the decode
-// step): one tensor against an expected dtype, shape and layout; the byte ranges of a call's tensors against
+// The argument checks every entry point shares (validate.cpp for the scan, validate_state_update.cpp for the
+// decode step, validate_conv1d.cpp for the conv1d): one tensor against an expected dtype, shape and layout; the byte ranges of a call's tensors against
 // each other; the read of a versioned argument struct. Every failure records a message that names the argument
 // and prints the value given; a check that passes formats and allocates nothing.
 #pragma once

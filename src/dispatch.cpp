@@ -159,6 +159,26 @@ Status run_conv1d_update(const Conv1dUpdate& p, const selscan_exec_t& exec) {
 #endif
 }
 
+// On success nothing is allocated or formatted and the device is not queried beyond the arch decision cached per
+// device: a decode step's host cost is the checks plus one kernel launch.
+Status run_state_update(const StateUpdate& p, const selscan_exec_t& exec) {
+  if (exec.device_kind == SELSCAN_DEVICE_CPU) {
+    if (Status s = check_host_dst(p); s != SELSCAN_STATUS_SUCCESS) return s;
+    return cpu::state_update(p, exec.num_threads);
+  }
+#if SELSCAN_WITH_CUDA
+  const cuda::DeviceProps* dev = nullptr;  // whether this build serves the device: cached after the first call
+  if (Status s = cuda::device_props(exec.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
+  cuda::DeviceGuard guard(exec.device_index);
+  if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
+  return cuda::launch_state_update(p, cuda::plan_state_update(p), exec.stream);
+#else
+  return fail(SELSCAN_STATUS_CUDA_NOT_BUILT,
+              "selscan_state_update: this libselscan was built without CUDA; use SELSCAN_DEVICE_CPU or rebuild "
+              "with a CUDA preset");
+#endif
+}
+
 Status cuda_device_count(int32_t* count) {
   if (count == nullptr) return fail(SELSCAN_STATUS_INVALID_ARGUMENT, "count: pointer is NULL");
 #if SELSCAN_WITH_CUDA

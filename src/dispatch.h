@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "problem.h"
 #include "selscan/selscan.h"
+#include "state_update.h"
 
 namespace selscan {
 
@@ -23,6 +24,10 @@ Status run(Op op, const Problem& p, const selscan_exec_t& exec);
 Status conv1d_workspace_size(Op op, const Conv1d& p, const selscan_exec_t& exec, size_t* bytes);
 Status run_conv1d(Op op, const Conv1d& p, const selscan_exec_t& exec);
 Status run_conv1d_update(const Conv1dUpdate& p, const selscan_exec_t& exec);
+
+// The decode step (src/state_update.h): the CPU path after the host check of the destination slots, or the plan of
+// src/cuda/select.h and its launcher (no workspace).
+Status run_state_update(const StateUpdate& p, const selscan_exec_t& exec);
 
 Status cuda_device_count(int32_t* count);
 Status check_device(int32_t device);

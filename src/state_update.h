@@ -1,5 +1,6 @@
 // The decode step (selscan_state_update) below the API layer: the one internal description of a call, built by
-// state_update.cpp from the public struct, and the two implementations that consume it. POD, so the CUDA
+// validate_state_update.cpp from the public struct, and the two implementations that consume it (dispatch.cpp
+// picks one, like the scan's). POD, so the CUDA
 // launcher passes it by value as a kernel parameter. No CUDA or fmt headers here.
 //
 // Both public forms arrive here as the heads form (b, t, h, p, n): the Mamba-1 form is H = D heads of P = 1
@@ -49,7 +50,8 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
   return i64 ? static_cast<const int64_t*>(t)[b * stride] : static_cast<const int32_t*>(t)[b * stride];
 }
 
-// How the CUDA kernel serves a call, decided on the host (and tested on the CPU): `lanes` adjacent threads per
+// How the CUDA kernel serves a call, decided on the host by plan_state_update (src/cuda/select.h; tested on the
+// CPU): `lanes` adjacent threads per
 // channel (a power of two, at most 32), each owning `states_per_lane` consecutive states of one sequence, 16 bytes
 // of state where it can: 4 fp32 states (8 above dstate 128, so that a channel fits a warp), 8 16-bit states; and
 // which tensors allow vector loads of a lane's states (unit state stride, dstate a multiple of states_per_lane,
@@ -60,13 +62,10 @@ struct StateUpdatePlan {
   int lanes, lane_bits;
   bool vec_state, vec_A, vec_B, vec_C;
 };
-StateUpdatePlan plan_state_update(const StateUpdate& p);
 
 // Validates the public struct (any accepted struct_size) and fills `out`; every failure records a message that
 // names the argument and the value given. Allocates and formats nothing unless it fails.
 Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* out);
-// Validation, then the CPU path or the CUDA launcher on exec's device.
-Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec);
 
 // The CPU call's check of dst_state_batch_indices' contents (a CUDA call cannot read them): every entry a slot
 // or pad_slot_id, no slot written by two sequences, none read by one sequence and written by another.

@@ -394,4 +394,53 @@ Status plan_conv1d_update(const Conv1dUpdate& p, const DeviceProps& dev, Conv1dP
   return SELSCAN_STATUS_SUCCESS;
 }
 
+// ---------------------------------------------------------------- the decode step (kernels/decode/)
+namespace {
+
+int64_t float_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
+
+// Vector loads of a lane's `spl` consecutive elements: unit last stride, whole lanes, and the base and every other
+// stride (`n` of them) on the load's boundary (spl elements, at most 16 bytes: wider runs take several loads).
+bool vec_ok(const void* base, Dtype t, int spl, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
+  const int64_t e = float_bytes(t);
+  const int64_t align = spl * e < 16 ? spl * e : 16;
+  if (last_stride != 1 || dstate % spl != 0) return false;
+  if (reinterpret_cast<uintptr_t>(base) % static_cast<uintptr_t>(align) != 0) return false;
+  // Unsigned: a size-1 dim may carry any stride, and the product's residue survives the wrap (2^64 is a multiple of
+  // the alignment).
+  for (int i = 0; i < n; ++i)
+    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(e)) % static_cast<uint64_t>(align) != 0)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// States a lane of a 16-bit state: 8 (16 bytes) or 4 (SELSCAN_DECODE_SPL16=4, for A/B runs).
+#ifndef SELSCAN_DECODE_SPL16
+#define SELSCAN_DECODE_SPL16 8
+#endif
+constexpr int kStatesPerLane16 = SELSCAN_DECODE_SPL16;
+
+StateUpdatePlan plan_state_update(const StateUpdate& p) {
+  StateUpdatePlan plan{};
+  // 16 bytes of state a lane: the single-token step is a stream of state bytes, and many small lanes keep more of
+  // them in flight than few wide ones (which need registers for several sequences' states). fp32 above dstate 128
+  // takes 8 states a lane so that a channel's lanes fit one warp (the output sums over them with shuffles).
+  plan.states_per_lane = p.state_t == Dtype::f32 ? (p.dstate <= 128 ? 4 : 8) : kStatesPerLane16;
+  const int64_t chunks = (p.dstate + plan.states_per_lane - 1) / plan.states_per_lane;
+  plan.lanes = 1;
+  plan.lane_bits = 0;
+  while (plan.lanes < chunks) {  // chunks <= 32 for dstate <= 256
+    plan.lanes <<= 1;
+    ++plan.lane_bits;
+  }
+  const int spl = plan.states_per_lane;
+  plan.vec_state = vec_ok(p.state, p.state_t, spl, p.dstate, p.sstate[3], p.sstate, 3);
+  plan.vec_A = vec_ok(p.A, Dtype::f32, spl, p.dstate, p.sA[2], p.sA, 2);
+  plan.vec_B = vec_ok(p.B, p.B_t, spl, p.dstate, p.sB[3], p.sB, 3);
+  plan.vec_C = vec_ok(p.C, p.C_t, spl, p.dstate, p.sC[3], p.sC, 3);
+  return plan;
+}
+
 }  // namespace selscan::cuda

@@ -11,6 +11,7 @@
 #include "cuda/plans.h"
 #include "errors.h"
 #include "problem.h"
+#include "state_update.h"
 
 namespace selscan::cuda {
 
@@ -48,5 +49,9 @@ Status plan_conv1d_update(const Conv1dUpdate& p, const DeviceProps& dev, Conv1dP
 // where the thread-states backward runs by default. Exposed for the tests.
 enum class SmemClass { small, medium, large };
 SmemClass smem_class(int64_t smem_optin);
+
+// The decode step's launch plan (kernels/decode/): lanes per channel and the vector paths, from the call alone
+// (its strides and addresses); no device property enters it.
+StateUpdatePlan plan_state_update(const StateUpdate& p);
 
 }  // namespace selscan::cuda

@@ -1,8 +1,9 @@
-// The CUDA decode kernel's launch plan (src/state_update.cpp, plan_state_update), checked on the CPU: lanes per
+// The CUDA decode kernel's launch plan (src/cuda/select.cpp, plan_state_update), checked on the CPU: lanes per
 // channel from dstate and the state dtype, and vector loads only where every lane's states are contiguous and
 // aligned to the load's width.
 #include <gtest/gtest.h>
 
+#include "cuda/select.h"
 #include "state_update.h"
 #include "state_update_case.h"
 
@@ -15,7 +16,7 @@ selscan::StateUpdatePlan plan_of(StateUpdateCase& c, int64_t shift = 0) {
       [shift](Tensor& t) { return static_cast<void*>(t.storage.data() + shift * t.esize()); }, c.idx_storage.data());
   selscan::StateUpdate p{};
   EXPECT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-  return selscan::plan_state_update(p);
+  return selscan::cuda::plan_state_update(p);
 }
 
 TEST(StateUpdatePlan, LanesCoverDstateInPowersOfTwo) {

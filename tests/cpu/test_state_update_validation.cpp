@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/select.h"
 #include "state_update.h"
 #include "state_update_case.h"
 
@@ -288,7 +289,7 @@ TEST(CpuStateUpdateValidation, DstCudaCallIsPlanned) {
   a.dst_state_batch_indices = SELSCAN_TENSOR_INIT;
   ASSERT_EQ(selscan::make_state_update(&a, &without), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   ASSERT_NE(with.dst, nullptr);
-  const selscan::StateUpdatePlan p = selscan::plan_state_update(with), q = selscan::plan_state_update(without);
+  const selscan::StateUpdatePlan p = selscan::cuda::plan_state_update(with), q = selscan::cuda::plan_state_update(without);
   EXPECT_EQ(p.lanes, q.lanes);
   EXPECT_EQ(p.lane_bits, q.lane_bits);
   EXPECT_EQ(p.vec_state, q.vec_state);

@@ -1,7 +1,7 @@
-// selscan_state_update below the API layer: the public struct -> one StateUpdate (every check and message of
-// the decode step lives here, once), then the CPU path or the CUDA launcher. On success nothing is allocated
-// or formatted and the device is not queried beyond the arch decision cached per device, so a decode step's
-// host cost is the checks plus one kernel launch.
+// The decode step's argument checks (src/state_update.h): the public struct -> one StateUpdate. Every check and
+// message of selscan_state_update lives here, once, on the shared Checker (checker.h), with check_host_dst, the
+// CPU call's check of the destination slots' contents (as validate.cpp's check_host_serving for the scan). On
+// success nothing is allocated or formatted.
 #include "state_update.h"
 
 #include <fmt/format.h>
@@ -14,11 +14,6 @@
 #include <vector>
 
 #include "checker.h"
-#include "validate.h"
-
-#if SELSCAN_WITH_CUDA
-#  include "cuda/arch.h"
-#endif
 
 namespace selscan {
 namespace {
@@ -282,54 +277,6 @@ Status make_state_update(const selscan_state_update_args_t* args, StateUpdate* o
   return SELSCAN_STATUS_SUCCESS;
 }
 
-namespace {
-
-int64_t float_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
-
-// Vector loads of a lane's `spl` consecutive elements: unit last stride, whole lanes, and the base and every other
-// stride (`n` of them) on the load's boundary (spl elements, at most 16 bytes: wider runs take several loads).
-bool vec_ok(const void* base, Dtype t, int spl, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
-  const int64_t e = float_bytes(t);
-  const int64_t align = spl * e < 16 ? spl * e : 16;
-  if (last_stride != 1 || dstate % spl != 0) return false;
-  if (reinterpret_cast<uintptr_t>(base) % static_cast<uintptr_t>(align) != 0) return false;
-  // Unsigned: a size-1 dim may carry any stride, and the product's residue survives the wrap (2^64 is a multiple of
-  // the alignment).
-  for (int i = 0; i < n; ++i)
-    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(e)) % static_cast<uint64_t>(align) != 0)
-      return false;
-  return true;
-}
-
-}  // namespace
-
-// States a lane of a 16-bit state: 8 (16 bytes) or 4 (SELSCAN_DECODE_SPL16=4, for A/B runs).
-#ifndef SELSCAN_DECODE_SPL16
-#define SELSCAN_DECODE_SPL16 8
-#endif
-constexpr int kStatesPerLane16 = SELSCAN_DECODE_SPL16;
-
-StateUpdatePlan plan_state_update(const StateUpdate& p) {
-  StateUpdatePlan plan{};
-  // 16 bytes of state a lane: the single-token step is a stream of state bytes, and many small lanes keep more of
-  // them in flight than few wide ones (which need registers for several sequences' states). fp32 above dstate 128
-  // takes 8 states a lane so that a channel's lanes fit one warp (the output sums over them with shuffles).
-  plan.states_per_lane = p.state_t == Dtype::f32 ? (p.dstate <= 128 ? 4 : 8) : kStatesPerLane16;
-  const int64_t chunks = (p.dstate + plan.states_per_lane - 1) / plan.states_per_lane;
-  plan.lanes = 1;
-  plan.lane_bits = 0;
-  while (plan.lanes < chunks) {  // chunks <= 32 for dstate <= 256
-    plan.lanes <<= 1;
-    ++plan.lane_bits;
-  }
-  const int spl = plan.states_per_lane;
-  plan.vec_state = vec_ok(p.state, p.state_t, spl, p.dstate, p.sstate[3], p.sstate, 3);
-  plan.vec_A = vec_ok(p.A, Dtype::f32, spl, p.dstate, p.sA[2], p.sA, 2);
-  plan.vec_B = vec_ok(p.B, p.B_t, spl, p.dstate, p.sB[3], p.sB, 3);
-  plan.vec_C = vec_ok(p.C, p.C_t, spl, p.dstate, p.sC[3], p.sC, 3);
-  return plan;
-}
-
 Status check_host_dst(const StateUpdate& p) {
   if (p.dst == nullptr) return SELSCAN_STATUS_SUCCESS;
   // Only a sequence that reads a slot writes one: padding and an unusable source entry touch no slot.
@@ -364,28 +311,6 @@ Status check_host_dst(const StateUpdate& p) {
                               w->second, slot, w->second, b, b, slot));
   }
   return SELSCAN_STATUS_SUCCESS;
-}
-
-Status state_update(const selscan_state_update_args_t* args, const selscan_exec_t* exec) {
-  StateUpdate p;
-  selscan_exec_t ex;
-  if (Status s = make_state_update(args, &p); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (Status s = check_exec(exec, &ex); s != SELSCAN_STATUS_SUCCESS) return s;
-  if (ex.device_kind == SELSCAN_DEVICE_CPU) {
-    if (Status s = check_host_dst(p); s != SELSCAN_STATUS_SUCCESS) return s;
-    return cpu::state_update(p, ex.num_threads);
-  }
-#if SELSCAN_WITH_CUDA
-  const cuda::DeviceProps* dev = nullptr;  // whether this build serves the device: cached after the first call
-  if (Status s = cuda::device_props(ex.device_index, &dev); s != SELSCAN_STATUS_SUCCESS) return s;
-  cuda::DeviceGuard guard(ex.device_index);
-  if (guard.status() != SELSCAN_STATUS_SUCCESS) return guard.status();
-  return cuda::launch_state_update(p, plan_state_update(p), ex.stream);
-#else
-  return fail(SELSCAN_STATUS_CUDA_NOT_BUILT,
-              "selscan_state_update: this libselscan was built without CUDA; use SELSCAN_DEVICE_CPU or rebuild "
-              "with a CUDA preset");
-#endif
 }
 
 }  // namespace selscan
