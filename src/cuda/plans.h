@@ -212,16 +212,23 @@ struct BwdPlan {
 // ---------------------------------------------------------------- causal depthwise conv1d (kernels/conv1d/)
 // Which kernel serves a conv1d call and its launch shape; filled by plan_conv1d_* (src/cuda/select.cpp).
 namespace conv1d {
-// Time steps (channel-first) or channels (channel-last) a thread owns: 16 bytes of a 16-bit itype, 32 of fp32.
+// Channels a thread of the channel-last forward owns: 16 bytes of a 16-bit itype, 32 of fp32.
 constexpr int kItems = 8;
+// Steps a thread of the row kernels owns: 32 bytes of its row (two 16-byte loads in flight per tensor).
+constexpr int kRowBytes = 32;
+SELSCAN_HD constexpr int row_items(Dtype t) { return kRowBytes / (t == Dtype::f32 ? 4 : 2); }
 constexpr int kThreads = 128;  // threads per block of the main kernels
-// Channel-last kernels: a block is kClLanes threads along channels (kClLanes * kItems channels) by
-// kThreads / kClLanes time groups, each walking `chunk` steps.
+// Channel-last kernels: a block is kClLanes threads along channels (kClLanes * items channels) by
+// kThreads / kClLanes time groups, each walking `chunk` steps. The forward's thread owns kItems channels; the
+// backward's kClBwdItems: it keeps two histories (inputs, gradients) and W + 1 partial sums per channel, and 8
+// channels would need about 170 registers.
 constexpr int kClLanes = 32;
+constexpr int kClGroups = kThreads / kClLanes;
+constexpr int kClBwdItems = 4;
 }  // namespace conv1d
 
 enum class Conv1dKernel : int {
-  rows,    // channel-first: a thread owns kItems consecutive steps of a row; also any strides (vec off): generic
+  rows,    // channel-first: a thread owns row_items consecutive steps of a row; any strides (vec off): generic
   cl,      // channel-last: a thread owns kItems consecutive channels and walks a chunk of time
   update,  // the decode update: a thread per (sequence, channel)
 };
@@ -231,7 +238,8 @@ struct Conv1dPlan {
   bool vec = false;          // 16-byte loads and stores of x, out (dout, dx): unit stride, aligned bases and strides
   int threads = conv1d::kThreads;  // per block
   int row_threads = 0;       // rows: threads per row segment (a power of two <= threads); cl: threads along channels
-  int64_t chunk = 0;         // rows: steps per segment (row_threads * kItems); cl: steps a thread walks
+  int items = conv1d::kItems;  // steps (rows: row_items) or channels (cl) a thread owns
+  int64_t chunk = 0;         // rows: steps per segment (row_threads * items); cl: steps a thread walks
   int64_t tiles = 0;         // rows: segments per row; cl: time tiles of a block (chunk * time groups steps each)
   int64_t blocks = 0;        // grid.x (<= 2^31 - 1)
   bool states = false;       // forward: the states kernel follows (final_states, conv_states); backward: dinitial

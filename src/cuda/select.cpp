@@ -1,6 +1,7 @@
 #include "cuda/select.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -302,23 +303,27 @@ constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8};
 
 int64_t conv1d_esize(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
 
-// 16-byte IO of kItems consecutive elements along the unit-stride dim of `v` (a (rows, D, L) tensor of dtype t):
-// base and every stride of a dim of size > 1 but `unit` on 16-byte boundaries.
-bool conv1d_vec16(const View& v, Dtype t, const int64_t (&sizes)[3], int unit) {
+// Vector IO of `items` consecutive elements along the unit-stride dim of `v` (a (rows, D, L) tensor of dtype t):
+// base and every stride of a dim of size > 1 but `unit` on the vector's boundary (items * element bytes, at most
+// 16: wider runs are several 16-byte vectors).
+bool conv1d_vec_view(const View& v, Dtype t, const int64_t (&sizes)[3], int unit, int items) {
   const uint64_t e = static_cast<uint64_t>(conv1d_esize(t));
-  if (reinterpret_cast<uintptr_t>(v.p) % 16 != 0) return false;
+  const uint64_t align = std::min<uint64_t>(16, e * static_cast<uint64_t>(items));
+  if (reinterpret_cast<uintptr_t>(v.p) % align != 0) return false;
+  // Unsigned: a size-1 dim may carry any stride, and the residue survives the wrap (2^64 is a multiple of 16).
   for (int i = 0; i < 3; ++i)
-    if (i != unit && sizes[i] > 1 && (static_cast<uint64_t>(v.s[i]) * e) % 16 != 0) return false;
+    if (i != unit && sizes[i] > 1 && (static_cast<uint64_t>(v.s[i]) * e) % align != 0) return false;
   return true;
 }
 
-// The views the main kernel streams: x and out (forward), x, dout and dx (backward).
-bool conv1d_vec_ok(const Conv1d& p, bool bwd, int unit) {
+// The views the main kernel streams: x and out (forward), x, dout and dx (backward); channel-last runs also need
+// whole vectors of channels.
+bool conv1d_vec_ok(const Conv1d& p, bool bwd, int unit, int items) {
   const int64_t sizes[3] = {p.rows(), p.dim, p.seqlen};
-  if (unit == 1 && p.dim % cuda::conv1d::kItems != 0) return false;
-  if (!conv1d_vec16(p.x, p.itype, sizes, unit)) return false;
-  if (!bwd) return conv1d_vec16(p.out, p.itype, sizes, unit);
-  return conv1d_vec16(p.dout, p.itype, sizes, unit) && conv1d_vec16(p.dx, p.itype, sizes, unit);
+  if (unit == 1 && p.dim % items != 0) return false;
+  if (!conv1d_vec_view(p.x, p.itype, sizes, unit, items)) return false;
+  if (!bwd) return conv1d_vec_view(p.out, p.itype, sizes, unit, items);
+  return conv1d_vec_view(p.dout, p.itype, sizes, unit, items) && conv1d_vec_view(p.dx, p.itype, sizes, unit, items);
 }
 
 // The main kernel's shape; false when its grid would exceed CUDA's.
@@ -328,25 +333,26 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
   pl->threads = kThreads;
   if (p.layout == Layout::channel_last) {
     pl->kernel = Conv1dKernel::cl;
-    pl->vec = conv1d_vec_ok(p, bwd, 1);
+    pl->items = bwd ? kClBwdItems : kItems;
+    pl->vec = conv1d_vec_ok(p, bwd, 1, pl->items);
     pl->row_threads = kClLanes;
-    const int64_t groups = kThreads / kClLanes;  // time groups of a block
-    const int64_t lanes = rows * ceil_div(p.dim, kItems);
+    const int64_t lanes = rows * ceil_div(p.dim, pl->items);
     pl->chunk = kConv1dClChunks[std::size(kConv1dClChunks) - 1];
     for (int64_t c : kConv1dClChunks)
       if (lanes * ceil_div(p.seqlen, c) >= kConv1dClThreadsPerSm * std::max(dev.sms, 1)) {
         pl->chunk = c;
         break;
       }
-    pl->tiles = ceil_div(p.seqlen, pl->chunk * groups);
-    pl->blocks = rows * ceil_div(p.dim, kClLanes * kItems) * pl->tiles;
+    pl->tiles = ceil_div(p.seqlen, pl->chunk * kClGroups);
+    pl->blocks = rows * ceil_div(p.dim, int64_t{kClLanes} * pl->items) * pl->tiles;
   } else {
     pl->kernel = Conv1dKernel::rows;
-    pl->vec = p.layout == Layout::channel_first && conv1d_vec_ok(p, bwd, 2);
+    pl->items = row_items(p.itype);
+    pl->vec = p.layout == Layout::channel_first && conv1d_vec_ok(p, bwd, 2, pl->items);
     int rt = 1;
-    while (rt < kThreads && rt * kItems < p.seqlen) rt *= 2;
+    while (rt < kThreads && int64_t{rt} * pl->items < p.seqlen) rt *= 2;
     pl->row_threads = rt;
-    pl->chunk = static_cast<int64_t>(rt) * kItems;
+    pl->chunk = static_cast<int64_t>(rt) * pl->items;
     pl->tiles = ceil_div(p.seqlen, pl->chunk);
     pl->blocks = ceil_div(rows * p.dim, kThreads / rt) * pl->tiles;
   }
@@ -358,9 +364,17 @@ Status conv1d_too_many_blocks(const char* what, int64_t blocks) {
                                               " blocks, above the CUDA grid limit (2^31 - 1)");
 }
 
+// Packed calls tag steps with their sequence number in 32 bits (kernels/conv1d/).
+Status conv1d_check_batch(const Conv1d& p, const char* what) {
+  if (!p.varlen || p.batch <= INT32_MAX) return SELSCAN_STATUS_SUCCESS;
+  return fail(SELSCAN_STATUS_UNSUPPORTED, std::string(what) + ": cu_seqlens holds " + std::to_string(p.batch) +
+                                              " sequences, the CUDA kernels serve at most 2^31 - 1");
+}
+
 }  // namespace
 
 Status plan_conv1d_fwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out) {
+  if (Status s = conv1d_check_batch(p, "conv1d forward"); s != SELSCAN_STATUS_SUCCESS) return s;
   Conv1dPlan pl;
   if (!conv1d_shape(p, dev, false, &pl)) return conv1d_too_many_blocks("conv1d forward", pl.blocks);
   pl.states = p.fin.present() || p.conv_states.present();
@@ -369,6 +383,7 @@ Status plan_conv1d_fwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out)
 }
 
 Status plan_conv1d_bwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out) {
+  if (Status s = conv1d_check_batch(p, "conv1d backward"); s != SELSCAN_STATUS_SUCCESS) return s;
   Conv1dPlan pl;
   if (!conv1d_shape(p, dev, true, &pl)) return conv1d_too_many_blocks("conv1d backward", pl.blocks);
   pl.states = p.dinit.present();

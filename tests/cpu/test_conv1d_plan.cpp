@@ -74,12 +74,13 @@ TEST(Conv1dPlan, ChannelFirstRowKernelCoversEveryStep) {
     // A power of two of threads per row, as few as cover the row (up to a block).
     EXPECT_EQ(pl.row_threads & (pl.row_threads - 1), 0);
     EXPECT_LE(pl.row_threads, k::kThreads);
-    EXPECT_EQ(pl.chunk, int64_t{pl.row_threads} * k::kItems);
+    EXPECT_EQ(pl.items, k::row_items(Dtype::bf16));
+    EXPECT_EQ(pl.chunk, int64_t{pl.row_threads} * pl.items);
     EXPECT_GE(pl.chunk * pl.tiles, L);
     EXPECT_LT(pl.chunk * (pl.tiles - 1), L);
     if (pl.row_threads < k::kThreads) {
       EXPECT_EQ(pl.tiles, 1);
-      EXPECT_LT(int64_t{pl.row_threads / 2} * k::kItems, L);
+      EXPECT_LT(int64_t{pl.row_threads / 2} * pl.items, L);
     }
     const int64_t rows_per_block = k::kThreads / pl.row_threads;
     EXPECT_GE(pl.blocks / pl.tiles * rows_per_block, 2 * 24);
@@ -107,9 +108,11 @@ TEST(Conv1dPlan, VectorIoOnlyWhenAligned) {
   p = dense(1, 24, 96, Layout::channel_first);
   p.x.s[0] = 7, p.out.s[0] = 7;
   EXPECT_TRUE(fwd(p).vec);
-  // fp32 rows of 4-float multiples are aligned; 16-bit rows need 8-element multiples.
+  // fp32 rows of 4-float multiples are aligned; 16-bit rows need 8-element multiples. A thread owns 32 bytes.
   EXPECT_TRUE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).vec);
+  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).items, 8);
   EXPECT_FALSE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).vec);
+  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).items, 16);
 }
 
 TEST(Conv1dPlan, ChannelLastKernel) {
@@ -126,6 +129,12 @@ TEST(Conv1dPlan, ChannelLastKernel) {
   EXPECT_LE(small.chunk, pl.chunk);
   const int64_t lanes = 5120 / k::kItems;
   EXPECT_TRUE(small.chunk == 8 || lanes * (512 / small.chunk) >= 1024 * 132);
+  // The backward's thread owns fewer channels.
+  const Conv1dPlan b = bwd(p);
+  EXPECT_EQ(b.kernel, Conv1dKernel::cl);
+  EXPECT_EQ(b.items, k::kClBwdItems);
+  EXPECT_TRUE(b.vec);
+  EXPECT_EQ(b.blocks, 8 * ((1536 + k::kClLanes * b.items - 1) / (k::kClLanes * b.items)) * b.tiles);
   // Channels not a multiple of the vector: the same kernel, element IO.
   const Conv1dPlan odd = fwd(dense(2, 12, 64, Layout::channel_last));
   EXPECT_EQ(odd.kernel, Conv1dKernel::cl);

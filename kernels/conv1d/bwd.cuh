@@ -1,0 +1,612 @@
+// The conv1d backward. With g(t) = dout(t) * act'(y(t)) (y recomputed), per sequence:
+//   dx(t)        = sum_k w[k] g(t + W-1 - k) over steps of t's sequence, + dfinal_states[j] where t = len-(W-1)+j
+//   dweight[d,k] = sum_t g(t) xe(t - (W-1) + k),  dbias[d] = sum_t g(t)
+//   dinitial[j]  = sum_{k <= j, j-k < len} w[k] g(j-k) + dfinal_states[j - len] (j >= len)
+// Kernels:
+//   bwd_rows / bwd_cl   the forward's two mappings. A thread's run needs g W-1 steps past its end: the next lane's
+//                       (shuffle; rows) or computed by the walk itself, which runs W-1 steps past its chunk (cl).
+//                       Each block leaves one partial of dweight/dbias per channel in the workspace ([part][W+1][D]
+//                       floats), summed within the block in a fixed order (shuffle trees, then shared memory).
+//   bwd_finalize        sums the partials of each channel in a fixed order and writes dweight/dbias in their dtype:
+//                       every call is bitwise reproducible, so `deterministic` costs nothing (no atomics, no memset).
+//   bwd_dinit           dinitial_states, one thread per (sequence, channel), recomputing g at the first W-1 steps.
+#pragma once
+
+#include "common.cuh"
+#include "fwd.cuh"
+
+namespace selscan::kern::conv1d {
+
+// g at step P of row (b, d) computed from memory: the last lane of a shuffle group needs it for the W-1 steps past
+// its run. Plain calls, and seq_idx / packed calls (`tag` returns the step's seq_idx or sequence).
+template <typename T, int W>
+__device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const float* w, float bias, bool plain,
+                      int* tag) {
+  constexpr int H = W - 1;
+  *tag = INT_MIN;
+  if (P >= p.seqlen) return 0.f;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
+  const int64_t xs = p.x.s[2];
+  float acc = bias;
+  if (plain) {  // P - H >= 0 here: P is past a whole run
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
+  } else if ((p.seq_idx.p != nullptr)) {
+    const int tc = seq_tag(p, b, P);
+    *tag = tc;
+    if (tc < 0) return 0.f;
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (seq_tag(p, b, P - H + k) == tc) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
+  } else {
+    const int64_t sb = seq_of(p, P);
+    const int64_t s = cu_at(p, sb), e = cu_at(p, sb + 1);
+    *tag = static_cast<int>(sb);
+    if (P < s || P >= e) return 0.f;
+    const Start<T> st = seq_start<T>(p, sb, d);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const int64_t pos = P - H + k;
+      acc = fmaf(w[k], pos >= s ? ldt(xr, pos * xs) : st.at(pos - s), acc);
+    }
+  }
+  return ldt(dr, P * p.dout.s[2]) * dact(acc, p.silu);
+}
+
+// dfinal_states' share of dx at step t of a sequence [s, e) that is row/sequence `b`'s.
+template <typename T>
+__device__ __forceinline__ float dfin_at(const Conv1d& p, int64_t b, int64_t d, int64_t t, int64_t e) {
+  const int64_t j = t - (e - (p.width - 1));
+  if (j < 0) return 0.f;
+  return ldt(static_cast<const T*>(p.dfin.p), b * p.dfin.s[0] + d * p.dfin.s[1] + j * p.dfin.s[2]);
+}
+
+// ---------------------------------------------------------------------------------------------- rows
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1dPlan plan, float* ws) {
+  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
+  const int rt = plan.row_threads;
+  const int seg = rt < 32 ? rt : 32;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t nrows = p.rows() * p.dim;
+  const int64_t rblk = static_cast<int64_t>(blockIdx.x) / plan.tiles;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) - rblk * plan.tiles;
+  int64_t row = rblk * (kThreads / rt) + tid / rt;
+  const bool live = row < nrows;
+  if (!live) row = nrows - 1;
+  const int64_t b = row / p.dim, d = row - b * p.dim;
+  const int64_t t0 = tile * plan.chunk + static_cast<int64_t>(tid % rt) * I;
+  const int64_t L = p.seqlen;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
+  const int64_t xs = p.x.s[2];
+
+  float w[W], bias;
+  load_weights<W>(p, d, w, &bias);
+  float xw[H + I], g[I + H];  // inputs at t0 - H .. t0 + I - 1; g at t0 .. t0 + I + H - 1
+  load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
+  load_run<T, I>(dr, t0, L, p.dout.s[2], plan.vec, g);  // dout, turned into g below
+  const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
+#pragma unroll
+  for (int m = 0; m < H; ++m) xw[m] = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
+  if (tid % seg == 0) {
+    Start<T> s0;
+    if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
+#pragma unroll
+    for (int m = 0; m < H; ++m) {
+      const int64_t pos = t0 - H + m;
+      xw[m] = pos >= 0 ? (pos < L ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
+    }
+  }
+
+  float acc[W + 1];
+#pragma unroll
+  for (int k = 0; k <= W; ++k) acc[k] = 0.f;
+  int tag[I + H];  // seq_idx or sequence of the steps of g (general calls)
+  int64_t s = 0, e = L, sb = b;  // the sequence of the run's last step (packed calls)
+  if (plain) {
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      float y = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) y = fmaf(w[k], xw[i + k], y);
+      g[i] *= dact(y, p.silu);  // steps past L: dout read 0
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] = fmaf(g[i], xw[i + k], acc[k]);
+      acc[W] += g[i];
+    }
+  } else if ((p.seq_idx.p != nullptr)) {
+    int tw[H + I];
+#pragma unroll
+    for (int j = 0; j < H + I; ++j) tw[j] = seq_tag(p, b, t0 - H + j);
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      const int tc = tw[H + i];
+      float v[W], y = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        v[k] = tw[i + k] == tc ? xw[i + k] : 0.f;
+        y = fmaf(w[k], v[k], y);
+      }
+      g[i] = tc < 0 ? 0.f : g[i] * dact(y, p.silu);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] = fmaf(g[i], v[k], acc[k]);
+      acc[W] += g[i];
+      tag[i] = tc;
+    }
+  } else {
+    sb = seq_of(p, t0);
+    s = cu_at(p, sb), e = cu_at(p, sb + 1);
+    Start<T> st = seq_start<T>(p, sb, d);
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      const int64_t t = t0 + i;
+      if (t >= e && sb + 1 < p.batch) {
+        while (t >= e && sb + 1 < p.batch) {
+          ++sb;
+          s = cu_at(p, sb), e = cu_at(p, sb + 1);
+        }
+        st = seq_start<T>(p, sb, d);
+      }
+      float v[W], y = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const int64_t pos = t - H + k;
+        v[k] = pos >= s ? xw[i + k] : st.at(pos - s);
+        y = fmaf(w[k], v[k], y);
+      }
+      g[i] = (t < s || t >= e) ? 0.f : g[i] * dact(y, p.silu);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] = fmaf(g[i], v[k], acc[k]);
+      acc[W] += g[i];
+      tag[i] = static_cast<int>(sb);
+    }
+  }
+
+  // g of the W-1 steps past the run: the next lane's first ones, or (last lane of a group) from memory.
+#pragma unroll
+  for (int m = 0; m < H; ++m) g[I + m] = __shfl_down_sync(kFullMask, g[m], 1, seg);
+  if (!plain) {  // uniform over the grid
+#pragma unroll
+    for (int m = 0; m < H; ++m) tag[I + m] = __shfl_down_sync(kFullMask, tag[m], 1, seg);
+  }
+  if (tid % seg == seg - 1) {
+#pragma unroll
+    for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, plain, &tag[I + m]);
+  }
+
+  float dx[I];
+#pragma unroll
+  for (int i = 0; i < I; ++i) {
+    float a = 0.f;
+    if (plain) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) a = fmaf(w[k], g[i + H - k], a);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) a = tag[i + H - k] == tag[i] ? fmaf(w[k], g[i + H - k], a) : a;
+    }
+    dx[i] = a;
+  }
+  if ((p.dfin.p != nullptr)) {
+    if (plain) {
+      if (t0 + I > L - H) {
+#pragma unroll
+        for (int i = 0; i < I; ++i)
+          if (t0 + i < L) dx[i] += dfin_at<T>(p, b, d, t0 + i, L);
+      }
+    } else {  // packed (seq_idx excludes final states)
+#pragma unroll
+      for (int i = 0; i < I; ++i) {
+        const int64_t t = t0 + i;
+        if (t >= L) break;
+        const int64_t tb = tag[i];
+        const int64_t te = tb == sb ? e : cu_at(p, tb + 1);
+        const int64_t ts = tb == sb ? s : cu_at(p, tb);
+        if (t >= ts && t < te) dx[i] += dfin_at<T>(p, tb, d, t, te);
+      }
+    }
+  }
+  if (live) {
+    T* xrow = static_cast<T*>(p.dx.p) + b * p.dx.s[0] + d * p.dx.s[1];
+    store_run<T, I>(xrow, t0, L, p.dx.s[2], plan.vec, dx);
+  }
+
+  // The row's partial sums: a shuffle tree over its lanes, then (rows over a warp) its warps in order.
+#pragma unroll
+  for (int off = seg / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int k = 0; k <= W; ++k) acc[k] += __shfl_xor_sync(kFullMask, acc[k], off, seg);
+  }
+  float* wp = ws + (b * plan.tiles + tile) * (W + 1) * p.dim + d;
+  if (rt <= 32) {
+    if (live && tid % rt == 0) {
+#pragma unroll
+      for (int k = 0; k <= W; ++k) wp[k * p.dim] = acc[k];
+    }
+    return;
+  }
+  __shared__ float red[kThreads / 32][W + 1];
+  if ((tid & 31) == 0) {
+#pragma unroll
+    for (int k = 0; k <= W; ++k) red[tid >> 5][k] = acc[k];
+  }
+  __syncthreads();
+  if (live && tid % rt == 0) {
+    const int w0 = tid >> 5, nw = rt >> 5;
+#pragma unroll
+    for (int k = 0; k <= W; ++k) {
+      float v = red[w0][k];
+      for (int j = 1; j < nw; ++j) v += red[w0 + j][k];
+      wp[k * p.dim] = v;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- channel-last
+// A thread walks steps [tb, te + W-1): at step t it computes g(t) (inputs of the W-1 steps before in registers),
+// and once W-1 steps are behind, dx(t - (W-1)) from g(t - (W-1) .. t) (also in registers).
+// One step of a plain call's channel-last walk: g at step tt from its inputs (xv, dv) and the W-1 inputs before
+// (xh); the partial sums when `sum` (steps before q.te); the dx of step tt - (W-1) when `emit` (it is complete:
+// g of tt and of the W-1 steps before, gh). Then both histories shift.
+template <typename T, int W, int C>
+__device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, int64_t tt, const float* xv,
+                                            const float* dv, bool sum, bool emit, bool vec, T* xo, const T* fr,
+                                            const float (&w)[W][C], const float (&bias)[C], float (&xh)[W - 1][C],
+                                            float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
+  constexpr int H = W - 1;
+  float gc[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float y = fmaf(w[H][c], xv[c], bias[c]);
+#pragma unroll
+    for (int k = 0; k < H; ++k) y = fmaf(w[k][c], xh[k][c], y);
+    gc[c] = dv[c] * dact(y, p.silu);  // steps past L: dout 0
+  }
+  if (sum) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int k = 0; k < H; ++k) acc[c][k] = fmaf(gc[c], xh[k][c], acc[c][k]);
+      acc[c][H] = fmaf(gc[c], xv[c], acc[c][H]);
+      acc[c][W] += gc[c];
+    }
+  }
+  if (emit) {
+    const int64_t tq = tt - H, L = p.seqlen;
+    float o[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float a = w[0][c] * gc[c];
+#pragma unroll
+      for (int k = 1; k <= H; ++k) a = fmaf(w[k][c], gh[H - k][c], a);
+      o[c] = a;
+    }
+    if (fr != nullptr && tq >= L - H) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (c < q.nc) o[c] += ldt(fr, (tq - (L - H)) * p.dfin.s[2] + c * p.dfin.s[1]);
+    }
+    st_step<T, C>(xo, tq, p.dx.s[2], p.dx.s[1], q.nc, vec, o);
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int k = 0; k + 1 < H; ++k) {
+      xh[k][c] = xh[k + 1][c];
+      gh[k][c] = gh[k + 1][c];
+    }
+    xh[H - 1][c] = xv[c];
+    gh[H - 1][c] = gc[c];
+  }
+}
+
+// A plain call's walk over steps [q.tb, q.te + W-1). The steady part [q.tb + W-1, q.te), where every step both sums
+// and emits, runs in groups of U steps with all their x and dout loads in flight first (kept packed); the first and
+// last W-1 steps and the remainder go one at a time.
+template <typename T, int W, int C, int U>
+__device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bool vec, const T* xr, const T* dr,
+                                            T* xo, const float (&w)[W][C], const float (&bias)[C],
+                                            float (&xh)[W - 1][C], float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
+  constexpr int H = W - 1;
+  const int64_t L = p.seqlen, tend = q.te + H;
+  const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
+  // dfinal_states' row, only where this walk reaches the last W-1 steps.
+  const T* fr = p.dfin.p != nullptr && q.te > L - H
+                    ? static_cast<const T*>(p.dfin.p) + q.r * p.dfin.s[0] + q.d0 * p.dfin.s[1]
+                    : nullptr;
+  const auto single = [&](int64_t tt) {
+    float xv[C], dv[C];
+    if (tt < L) {
+      ld_step<T, C>(xr, tt, xts, xcs, q.nc, vec, xv);
+      ld_step<T, C>(dr, tt, dts, dcs, q.nc, vec, dv);
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c) xv[c] = dv[c] = 0.f;
+    }
+    cl_bwd_step<T, W, C>(p, q, tt, xv, dv, tt < q.te, tt - H >= q.tb, vec, xo, fr, w, bias, xh, gh, acc);
+  };
+  int64_t t = q.tb;
+  const int64_t steady = q.tb + H;
+  for (; t < steady && t < tend; ++t) single(t);
+  if (vec) {
+#pragma unroll 1
+    for (; t + U <= q.te; t += U) {
+      Raw<T, C> xraw[U], draw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        xraw[u] = ldraw<T, C>(xr + (t + u) * xts);
+        draw[u] = ldraw<T, C>(dr + (t + u) * dts);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float xv[C], dv[C];
+        unpack<T, C>(xraw[u], xv);
+        unpack<T, C>(draw[u], dv);
+        cl_bwd_step<T, W, C>(p, q, t + u, xv, dv, true, true, true, xo, fr, w, bias, xh, gh, acc);
+      }
+    }
+  }
+  for (; t < tend; ++t) single(t);
+}
+
+// At most 168 registers (3 blocks per SM): unbounded, the 4-step groups' scheduling took up to 161 (bf16, W = 4,
+// sm_90); capping at 128 spilled (ptxas -v).
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv1dPlan plan, float* ws) {
+  constexpr int C = cuda::conv1d::kClBwdItems, H = W - 1;
+  constexpr int G = cuda::conv1d::kClGroups;
+  const ClSpot q = cl_spot<C>(p, plan);
+  const int lane = static_cast<int>(threadIdx.x) & 31, grp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t L = p.seqlen;
+  const bool vec = plan.vec;
+  float acc[C][W + 1];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int k = 0; k <= W; ++k) acc[c][k] = 0.f;
+
+  if (q.live) {
+    const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
+    const T* dr = static_cast<const T*>(p.dout.p) + q.r * p.dout.s[0] + q.d0 * p.dout.s[1];
+    T* xo = static_cast<T*>(p.dx.p) + q.r * p.dx.s[0] + q.d0 * p.dx.s[1];
+    const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
+    const int64_t ots = p.dx.s[2], ocs = p.dx.s[1];
+    const int64_t tend = q.te + H;  // steps walked
+    float w[W][C], bias[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float wc[W];
+      load_weights<W>(p, c < q.nc ? q.d0 + c : q.d0, wc, &bias[c]);
+#pragma unroll
+      for (int k = 0; k < W; ++k) w[k][c] = wc[k];
+    }
+    float xh[H][C], gh[H][C];  // inputs and g of the H steps before the current one
+#pragma unroll
+    for (int m = 0; m < H; ++m)
+#pragma unroll
+      for (int c = 0; c < C; ++c) gh[m][c] = 0.f;
+    const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
+
+    if (plain) {
+      Start<T> s0;
+      if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
+#pragma unroll
+      for (int m = 0; m < H; ++m) {
+        const int64_t pos = q.tb - H + m;
+        if (pos >= 0) {
+          ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, xh[m]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < C; ++c) xh[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
+        }
+      }
+      cl_bwd_walk<T, W, C, 4>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
+    } else {
+      // seq_idx or packed sequences: one step at a time; tags are seq_idx values or sequence numbers.
+      int th[H];  // tags of the H steps before the current one
+      const bool si = (p.seq_idx.p != nullptr);
+      int64_t sb = si ? q.r : seq_of(p, q.tb);
+      int64_t s = si ? 0 : cu_at(p, sb), e = si ? L : cu_at(p, sb + 1);
+      Start<T> st;
+      if (!si) st = seq_start<T>(p, sb, q.d0);
+#pragma unroll
+      for (int m = 0; m < H; ++m) {
+        const int64_t pos = q.tb - H + m;
+        if (pos >= 0) {
+          ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, xh[m]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < C; ++c) xh[m][c] = 0.f;
+        }
+        th[m] = si ? seq_tag(p, q.r, pos) : (pos >= 0 ? static_cast<int>(seq_of(p, pos)) : INT_MIN);
+      }
+      for (int64_t tt = q.tb; tt < tend; ++tt) {
+        float xv[C], dv[C], gc[C], v[W][C];
+        int tc = INT_MIN;
+        bool in = false;
+        if (tt < L) {
+          ld_step<T, C>(xr, tt, xts, xcs, q.nc, vec, xv);
+          ld_step<T, C>(dr, tt, dts, dcs, q.nc, vec, dv);
+          if (si) {
+            tc = seq_tag(p, q.r, tt);
+            in = tc >= 0;
+          } else {
+            if (tt >= e && sb + 1 < p.batch) {
+              while (tt >= e && sb + 1 < p.batch) {
+                ++sb;
+                s = cu_at(p, sb), e = cu_at(p, sb + 1);
+              }
+              st = seq_start<T>(p, sb, q.d0);
+            }
+            tc = static_cast<int>(sb);
+            in = tt >= s && tt < e;
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < C; ++c) xv[c] = dv[c] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          float y = bias[c];
+#pragma unroll
+          for (int k = 0; k < H; ++k) {
+            const int64_t pos = tt - H + k;
+            if (si) v[k][c] = th[k] == tc ? xh[k][c] : 0.f;
+            else v[k][c] = pos >= s ? xh[k][c] : (c < q.nc ? st.at(pos - s, c) : 0.f);
+            y = fmaf(w[k][c], v[k][c], y);
+          }
+          v[H][c] = xv[c];
+          y = fmaf(w[H][c], xv[c], y);
+          gc[c] = in ? dv[c] * dact(y, p.silu) : 0.f;
+        }
+        if (tt < q.te) {
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[c][k] = fmaf(gc[c], v[k][c], acc[c][k]);
+            acc[c][W] += gc[c];
+          }
+        }
+        const int64_t tq = tt - H;
+        if (tq >= q.tb) {
+          const int tg = th[0];  // the tag of step tq
+          float o[C];
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            float a = tc == tg ? w[0][c] * gc[c] : 0.f;
+#pragma unroll
+            for (int k = 1; k <= H; ++k) a = th[H - k] == tg ? fmaf(w[k][c], gh[H - k][c], a) : a;
+            o[c] = a;
+          }
+          if ((p.dfin.p != nullptr) && !si && tg >= 0) {
+            const int64_t qs = cu_at(p, tg), qe = cu_at(p, tg + 1);
+            if (tq >= qs && tq < qe && tq >= qe - H) {
+#pragma unroll
+              for (int c = 0; c < C; ++c)
+                if (c < q.nc) o[c] += dfin_at<T>(p, tg, q.d0 + c, tq, qe);
+            }
+          }
+          st_step<T, C>(xo, tq, ots, ocs, q.nc, vec, o);
+        }
+#pragma unroll
+        for (int k = 0; k + 1 < H; ++k) th[k] = th[k + 1];
+        th[H - 1] = tc;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+#pragma unroll
+          for (int k = 0; k + 1 < H; ++k) {
+            xh[k][c] = xh[k + 1][c];
+            gh[k][c] = gh[k + 1][c];
+          }
+          xh[H - 1][c] = xv[c];
+          gh[H - 1][c] = gc[c];
+        }
+      }
+    }
+  }
+
+  // The block's partial per channel: its time groups summed in order.
+  __shared__ float red[G][32][C * (W + 1)];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int k = 0; k <= W; ++k) red[grp][lane][c * (W + 1) + k] = acc[c][k];
+  __syncthreads();
+  if (grp == 0 && q.d0 < p.dim) {
+    float* wp = ws + (q.r * plan.tiles + q.tile) * (W + 1) * p.dim + q.d0;
+    const int nc = static_cast<int>(p.dim - q.d0 < C ? p.dim - q.d0 : C);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (c >= nc) break;
+#pragma unroll
+      for (int k = 0; k <= W; ++k) {
+        float v = red[0][lane][c * (W + 1) + k];
+#pragma unroll
+        for (int j = 1; j < G; ++j) v += red[j][lane][c * (W + 1) + k];
+        wp[k * p.dim + c] = v;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- finalize
+// 32 channels a block: warp j sums parts j, j + 8, ... in order, then warp 0 adds the 8 sums in order and writes
+// dweight (and dbias) in their dtype. Parts 0 (an empty call) write zeros.
+// Templated on the itype only so each itype's translation unit has its own instance (it reads no itype tensor).
+constexpr int kFinalizeThreads = 256;
+template <typename T>
+__global__ void __launch_bounds__(kFinalizeThreads) bwd_finalize(const Conv1d p, int64_t parts, const float* ws) {
+  constexpr int kWarps = kFinalizeThreads / 32, kMaxW1 = 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31, wi = static_cast<int>(threadIdx.x) >> 5;
+  const int W1 = static_cast<int>(p.width) + 1;
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  float acc[kMaxW1] = {0.f, 0.f, 0.f, 0.f, 0.f};
+  if (d < p.dim) {
+    for (int64_t j = wi; j < parts; j += kWarps) {
+      const float* src = ws + j * W1 * p.dim + d;
+#pragma unroll
+      for (int k = 0; k < kMaxW1; ++k)
+        if (k < W1) acc[k] += src[k * p.dim];
+    }
+  }
+  __shared__ float red[kWarps][kMaxW1][32];
+#pragma unroll
+  for (int k = 0; k < kMaxW1; ++k) red[wi][k][lane] = acc[k];
+  __syncthreads();
+  if (wi != 0 || d >= p.dim) return;
+  for (int k = 0; k < W1; ++k) {
+    float v = red[0][k][lane];
+#pragma unroll
+    for (int j = 1; j < kWarps; ++j) v += red[j][k][lane];
+    if (k < W1 - 1) st(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
+    else if ((p.dbias.p != nullptr)) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- dinitial
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bwd_dinit(const Conv1d p) {
+  constexpr int kMaxH = 3;
+  const int H = static_cast<int>(p.width) - 1;
+  const int64_t n = p.batch * p.dim;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t b = idx / p.dim, d = idx - b * p.dim;
+    int64_t s = 0, e = p.seqlen;
+    if (p.varlen) {
+      s = cu_at(p, b), e = cu_at(p, b + 1);
+      if (e < s) e = s;
+    }
+    const int64_t len = e - s, row = p.varlen ? 0 : b;
+    const T* xr = static_cast<const T*>(p.x.p) + row * p.x.s[0] + d * p.x.s[1] + s * p.x.s[2];
+    const T* dr = static_cast<const T*>(p.dout.p) + row * p.dout.s[0] + d * p.dout.s[1] + s * p.dout.s[2];
+    T* di = static_cast<T*>(p.dinit.p) + b * p.dinit.s[0] + d * p.dinit.s[1];
+    const Start<T> st = seq_start<T>(p, b, d);
+    if (st.st == nullptr) {  // the sequence started from zero: its initial state was not read
+      for (int j = 0; j < H; ++j) di[j * p.dinit.s[2]] = from_f32<T>(0.f);
+      continue;
+    }
+    float w[kMaxH + 1], bias = (p.bias.p != nullptr) ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+    for (int k = 0; k <= H; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+    float g[kMaxH] = {0.f, 0.f, 0.f};
+    for (int t = 0; t < H && t < len; ++t) {
+      float y = bias;
+      for (int k = 0; k <= H; ++k) {
+        const int64_t pos = t - H + k;
+        y = fmaf(w[k], pos >= 0 ? ldt(xr, pos * p.x.s[2]) : st.at(pos), y);
+      }
+      g[t] = ldt(dr, t * p.dout.s[2]) * dact(y, p.silu);
+    }
+    for (int j = 0; j < H; ++j) {
+      float v = 0.f;
+      for (int k = 0; k <= j; ++k)
+        if (j - k < len) v = fmaf(w[k], g[j - k], v);
+      if ((p.dfin.p != nullptr) && j >= len) v += dfin_at<T>(p, b, d, j - len, H);  // dfinal_states[j - len]
+      di[j * p.dinit.s[2]] = from_f32<T>(v);
+    }
+  }
+}
+
+}  // namespace selscan::kern::conv1d

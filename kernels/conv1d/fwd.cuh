@@ -1,0 +1,349 @@
+// The conv1d forward: y[t] = bias + sum_k w[k] xe(t - (W-1) + k), out = y or silu(y) (include/selscan/selscan.h,
+// section 5c). Three kernels:
+//   fwd_rows    a thread owns 32 bytes of consecutive steps of one (row, channel) (16 of a 16-bit row, 8 of fp32):
+//               two 16-byte loads in flight; the W-1 inputs before its run from the previous lane (shuffle) or, for
+//               the first lane of a warp, from memory (the previous warp's or block's run: an L1/L2 hit). No shared
+//               memory, no barrier.
+//               Short rows share a block (row_threads < 128), so a 64-step row does not idle 120 threads. Without
+//               vector IO it serves any strides (the generic kernel).
+//   fwd_cl      channel-last: a thread owns kItems consecutive channels (16 bytes) and walks `chunk` steps with the
+//               W-1 previous inputs in registers, 4 steps' loads in flight; a warp's step is 512 contiguous bytes.
+//   fwd_states  after either: final_states, and the conv_states pool's new columns (one thread per (sequence,
+//               channel)). A separate launch because a pool slot is read by the main kernel's first steps of its
+//               sequence, which another block may run: the write must wait for every read.
+// Packed sequences (cu_seqlens), seq_idx and pool calls take a uniform branch of the main kernels (`plain` is
+// false); a plain call runs none of their code.
+#pragma once
+
+#include "common.cuh"
+
+namespace selscan::kern::conv1d {
+
+// A call that needs no per-step sequence logic: dense rows, at most initial_states (with has_initial_state).
+__device__ __forceinline__ bool plain_call(const Conv1d& p) {
+  return !p.varlen && !(p.seq_idx.p != nullptr) && !(p.cache_indices.p != nullptr) && !(p.conv_states.p != nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------- rows
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1dPlan plan) {
+  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
+  const int rt = plan.row_threads;
+  const int seg = rt < 32 ? rt : 32;  // lanes that exchange halos by shuffle
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t nrows = p.rows() * p.dim;
+  const int64_t rblk = static_cast<int64_t>(blockIdx.x) / plan.tiles;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) - rblk * plan.tiles;
+  int64_t row = rblk * (kThreads / rt) + tid / rt;
+  // Threads past the last row still take part in the shuffles, on a copy of the last row, and store nothing.
+  const bool live = row < nrows;
+  if (!live) row = nrows - 1;
+  const int64_t b = row / p.dim, d = row - b * p.dim;
+  const int64_t t0 = tile * plan.chunk + static_cast<int64_t>(tid % rt) * I;
+  const int64_t L = p.seqlen;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  const int64_t xs = p.x.s[2];
+
+  float w[W], bias;
+  load_weights<W>(p, d, w, &bias);
+  float xw[H + I];  // inputs at t0 - H .. t0 + I - 1
+  load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
+  const bool plain = plain_call(p);
+#pragma unroll
+  for (int m = 0; m < H; ++m) xw[m] = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
+  if (tid % seg == 0) {
+    Start<T> s0;  // a plain call's initial states (read by the first lane of a row only)
+    if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
+#pragma unroll
+    for (int m = 0; m < H; ++m) {
+      const int64_t pos = t0 - H + m;
+      xw[m] = pos >= 0 ? (pos < L ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
+    }
+  }
+
+  float y[I];
+  if (plain) {
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc = fmaf(w[k], xw[i + k], acc);
+      y[i] = act(acc, p.silu);
+    }
+  } else if ((p.seq_idx.p != nullptr)) {
+    // A term counts only where its step carries the output step's seq_idx; a negative seq_idx is padding.
+    int tag[H + I];
+#pragma unroll
+    for (int j = 0; j < H + I; ++j) tag[j] = seq_tag(p, b, t0 - H + j);
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      const int tc = tag[H + i];
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc = tag[i + k] == tc ? fmaf(w[k], xw[i + k], acc) : acc;
+      y[i] = tc < 0 ? 0.f : act(acc, p.silu);
+    }
+  } else {
+    // Sequences: the packed ones, or the dense row b (with a pool or cache_indices). A step's terms before its
+    // sequence's start come from the sequence's initial state (or are 0).
+    int64_t sb = p.varlen ? seq_of(p, t0 < 0 ? 0 : t0) : b;
+    int64_t s = p.varlen ? cu_at(p, sb) : 0, e = p.varlen ? cu_at(p, sb + 1) : L;
+    Start<T> st = seq_start<T>(p, sb, d);
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+      const int64_t t = t0 + i;
+      if (p.varlen && t >= e && sb + 1 < p.batch) {
+        while (t >= e && sb + 1 < p.batch) {
+          ++sb;
+          s = cu_at(p, sb), e = cu_at(p, sb + 1);
+        }
+        st = seq_start<T>(p, sb, d);
+      }
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const int64_t pos = t - H + k;
+        acc = fmaf(w[k], pos >= s ? xw[i + k] : st.at(pos - s), acc);
+      }
+      // Steps outside every sequence (offsets that break the contract) are written 0.
+      const bool zero = t < s || t >= e || st.kind == kPad;
+      y[i] = zero ? 0.f : (st.kind == kBad ? __uint_as_float(kQuietNan) : act(acc, p.silu));
+    }
+  }
+  if (live) {
+    T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
+    store_run<T, I>(orow, t0, L, p.out.s[2], plan.vec, y);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- channel-last
+// C channels of one step: a vector when `vec`, else element by element (channels past D read 0, are not written).
+template <typename T, int C>
+__device__ __forceinline__ void ld_step(const T* row, int64_t t, int64_t ts, int64_t cs, int nc, bool vec, float* v) {
+  if (vec) {
+    ldvec<T, C>(row + t * ts, v);
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) v[c] = c < nc ? to_f32(row[t * ts + c * cs]) : 0.f;
+}
+template <typename T, int C>
+__device__ __forceinline__ void st_step(T* row, int64_t t, int64_t ts, int64_t cs, int nc, bool vec, const float* v) {
+  if (vec) {
+    stvec<T, C>(row + t * ts, v);
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+    if (c < nc) row[t * ts + c * cs] = from_f32<T>(v[c]);
+}
+
+// Where a channel-last thread works: row r, channels d0 .. d0 + nc - 1, steps [tb, te).
+struct ClSpot {
+  int64_t r, d0, tb, te, tile;
+  int nc;
+  bool live;
+};
+template <int C>
+__device__ __forceinline__ ClSpot cl_spot(const Conv1d& p, const Conv1dPlan& plan) {
+  ClSpot q;
+  const int lane = static_cast<int>(threadIdx.x) & 31, grp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t ctiles = (p.dim + 32 * C - 1) / (32 * C);
+  int64_t blk = blockIdx.x;
+  q.tile = blk % plan.tiles;
+  blk /= plan.tiles;
+  const int64_t ct = blk % ctiles;
+  q.r = blk / ctiles;
+  q.d0 = (ct * 32 + lane) * C;
+  q.tb = (q.tile * cuda::conv1d::kClGroups + grp) * plan.chunk;
+  q.te = q.tb + plan.chunk < p.seqlen ? q.tb + plan.chunk : p.seqlen;
+  q.live = q.d0 < p.dim && q.tb < p.seqlen;
+  q.nc = q.live ? static_cast<int>(p.dim - q.d0 < C ? p.dim - q.d0 : C) : 0;
+  return q;
+}
+
+// A plain call's walk over steps [q.tb, q.te): U steps' loads in flight (kept packed), then their outputs. Vector
+// and element IO are separate instances so the element path's per-channel addresses do not cost the vector path
+// registers.
+template <typename T, int W, int C, int U, bool kVec>
+__device__ __forceinline__ void cl_fwd_walk(const Conv1d& p, const ClSpot& q, const T* xr, T* orow, int64_t xts,
+                                            int64_t xcs, int64_t ots, int64_t ocs, const float (&w)[W][C],
+                                            const float (&bias)[C], float (&h)[W - 1][C]) {
+  constexpr int H = W - 1;
+  for (int64_t t = q.tb; t < q.te; t += U) {
+    Raw<T, C> raw[U];
+    float v[U][C];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t + u >= q.te) break;
+      if constexpr (kVec) raw[u] = ldraw<T, C>(xr + (t + u) * xts);
+      else ld_step<T, C>(xr, t + u, xts, xcs, q.nc, false, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t + u >= q.te) break;
+      if constexpr (kVec) unpack<T, C>(raw[u], v[u]);
+      float o[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float acc = fmaf(w[H][c], v[u][c], bias[c]);
+#pragma unroll
+        for (int k = 0; k < H; ++k) acc = fmaf(w[k][c], h[k][c], acc);
+        o[c] = act(acc, p.silu);
+      }
+      if constexpr (kVec) stvec<T, C>(orow + (t + u) * ots, o);
+      else st_step<T, C>(orow, t + u, ots, ocs, q.nc, false, o);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int k = 0; k + 1 < H; ++k) h[k][c] = h[k + 1][c];
+        h[H - 1][c] = v[u][c];
+      }
+    }
+  }
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
+  constexpr int C = cuda::conv1d::kItems, H = W - 1;
+  const ClSpot q = cl_spot<C>(p, plan);
+  if (!q.live) return;  // no barrier in this kernel
+  const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
+  T* orow = static_cast<T*>(p.out.p) + q.r * p.out.s[0] + q.d0 * p.out.s[1];
+  const int64_t xts = p.x.s[2], xcs = p.x.s[1], ots = p.out.s[2], ocs = p.out.s[1];
+  const bool vec = plan.vec;
+
+  float w[W][C], bias[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float wc[W];
+    load_weights<W>(p, c < q.nc ? q.d0 + c : q.d0, wc, &bias[c]);
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k][c] = wc[k];
+  }
+  float h[H][C];  // inputs at the H steps before the current one
+  const bool plain = plain_call(p);
+
+  if (plain) {
+    Start<T> s0;
+    if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
+#pragma unroll
+    for (int m = 0; m < H; ++m) {
+      const int64_t pos = q.tb - H + m;
+      if (pos >= 0) {
+        ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) h[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
+      }
+    }
+    if (vec) cl_fwd_walk<T, W, C, 4, true>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
+    else cl_fwd_walk<T, W, C, 1, false>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
+    return;
+  }
+
+  // seq_idx, packed sequences, pools: one step at a time, each term checked against the step's sequence.
+  int th[H];  // seq_idx of the H previous steps
+#pragma unroll
+  for (int m = 0; m < H; ++m) {
+    const int64_t pos = q.tb - H + m;
+    if (pos >= 0) {
+      ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c) h[m][c] = 0.f;
+    }
+    th[m] = (p.seq_idx.p != nullptr) ? seq_tag(p, q.r, pos) : 0;
+  }
+  int64_t sb = p.varlen ? seq_of(p, q.tb) : q.r;
+  int64_t s = p.varlen ? cu_at(p, sb) : 0, e = p.varlen ? cu_at(p, sb + 1) : p.seqlen;
+  Start<T> st;
+  if (!(p.seq_idx.p != nullptr)) st = seq_start<T>(p, sb, q.d0);
+  for (int64_t t = q.tb; t < q.te; ++t) {
+    float v[C], o[C];
+    ld_step<T, C>(xr, t, xts, xcs, q.nc, vec, v);
+    if ((p.seq_idx.p != nullptr)) {
+      const int tc = seq_tag(p, q.r, t);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float acc = fmaf(w[H][c], v[c], bias[c]);
+#pragma unroll
+        for (int k = 0; k < H; ++k) acc = th[k] == tc ? fmaf(w[k][c], h[k][c], acc) : acc;
+        o[c] = tc < 0 ? 0.f : act(acc, p.silu);
+      }
+#pragma unroll
+      for (int k = 0; k + 1 < H; ++k) th[k] = th[k + 1];
+      th[H - 1] = tc;
+    } else {
+      if (p.varlen && t >= e && sb + 1 < p.batch) {
+        while (t >= e && sb + 1 < p.batch) {
+          ++sb;
+          s = cu_at(p, sb), e = cu_at(p, sb + 1);
+        }
+        st = seq_start<T>(p, sb, q.d0);
+      }
+      const bool zero = t < s || t >= e || st.kind == kPad;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float acc = fmaf(w[H][c], v[c], bias[c]);
+#pragma unroll
+        for (int k = 0; k < H; ++k) {
+          const int64_t pos = t - H + k;
+          acc = fmaf(w[k][c], pos >= s ? h[k][c] : (c < q.nc ? st.at(pos - s, c) : 0.f), acc);
+        }
+        o[c] = zero ? 0.f : (st.kind == kBad ? __uint_as_float(kQuietNan) : act(acc, p.silu));
+      }
+    }
+    st_step<T, C>(orow, t, ots, ocs, q.nc, vec, o);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int k = 0; k + 1 < H; ++k) h[k][c] = h[k + 1][c];
+      h[H - 1][c] = v[c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- states
+// One thread per (sequence, channel), after the main kernel: final_states[b, d, j] = xe(len - (W-1) + j), and a
+// pool slot's column j becomes xe(len - state_len + j) (older columns shift left; zeros where the sequence started
+// from zero). In place in increasing j: column j reads column len + j >= j, not yet written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fwd_states(const Conv1d p) {
+  const int64_t H = p.width - 1;
+  const int64_t n = p.batch * p.dim;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t b = idx / p.dim, d = idx - b * p.dim;
+    int64_t s = 0, e = p.seqlen;
+    if (p.varlen) {
+      s = cu_at(p, b), e = cu_at(p, b + 1);
+      if (e < s) e = s;
+    }
+    const int64_t len = e - s;
+    const int64_t row = p.varlen ? 0 : b;
+    const T* xr = static_cast<const T*>(p.x.p) + row * p.x.s[0] + d * p.x.s[1] + s * p.x.s[2];
+    const int64_t xs = p.x.s[2];
+    const Start<T> st = seq_start<T>(p, b, d);
+    if ((p.fin.p != nullptr)) {
+      T* f = static_cast<T*>(p.fin.p) + b * p.fin.s[0] + d * p.fin.s[1];
+      for (int64_t j = 0; j < H; ++j) {
+        const int64_t t = len - H + j;
+        f[j * p.fin.s[2]] = from_f32<T>(t >= 0 ? ldt(xr, t * xs) : st.at(t));
+      }
+    }
+    if ((p.conv_states.p != nullptr) && st.kind == kRun) {
+      const int64_t slot =
+          (p.cache_indices.p != nullptr) ? ld_index(p.cache_indices.p, p.idx_i64, b * p.cache_indices.s[0]) : b;
+      T* cs = static_cast<T*>(p.conv_states.p) + slot * p.conv_states.s[0] + d * p.conv_states.s[1];
+      const int64_t sj = p.conv_states.s[2], SL = p.state_len;
+      for (int64_t j = 0; j < SL; ++j) {
+        const int64_t t = len - SL + j;
+        const float v = t >= 0 ? ldt(xr, t * xs) : (st.st != nullptr ? ldt(cs, (SL + t) * sj) : 0.f);
+        cs[j * sj] = from_f32<T>(v);
+      }
+    }
+  }
+}
+
+}  // namespace selscan::kern::conv1d

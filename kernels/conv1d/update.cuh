@@ -1,0 +1,96 @@
+// The conv1d decode update (selscan_conv1d_update, causal-conv1d's causal_conv1d_update): T new tokens per sequence
+// advance that sequence's window of past inputs (a pool slot of state_len columns).
+//
+// A thread per (sequence, channel); a block covers 128 consecutive channels of one sequence, so the slot lookup and
+// the padding branch are uniform over the block. The call is memory-bound and tiny per thread (state_len columns in
+// and out, T inputs and outputs): consecutive channels of a slot are state_len elements apart, so a warp's column
+// accesses fall in a few sectors that the next column's access finds in L1. The slot's W-1 window columns are read
+// before anything is written, then the state shifts (or, with cache_seqlens, the tokens overwrite their circular
+// columns); the thread is the slot channel's only reader and writer.
+#pragma once
+
+#include "common.cuh"
+
+namespace selscan::kern::conv1d {
+
+// A state value (f32 or itype), with plain loads and stores: the slot is read and written in place.
+__device__ __forceinline__ float ld_state(Dtype t, const void* p, int64_t off) {
+  if (t == Dtype::f32) return static_cast<const float*>(p)[off];
+  if (t == Dtype::f16) return __half2float(static_cast<const __half*>(p)[off]);
+  return to_f32(static_cast<const __nv_bfloat16*>(p)[off]);
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, const Conv1dPlan plan) {
+  constexpr int H = W - 1;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) / plan.tiles;
+  const int64_t d = (static_cast<int64_t>(blockIdx.x) - b * plan.tiles) * kThreads + threadIdx.x;
+  if (d >= p.dim) return;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
+  const int64_t xs = p.x.s[2], os = p.out.s[2], NT = p.tokens;
+
+  int64_t slot = b;
+  if (p.indices.p != nullptr) {
+    slot = ld_index(p.indices.p, p.idx_i64, b * p.indices.s[0]);
+    if (slot == p.pad_slot_id || slot < 0 || slot >= p.slots) {  // padding: 0; outside the pool: NaN
+      const float v = slot == p.pad_slot_id ? 0.f : __uint_as_float(kQuietNan);
+      for (int64_t i = 0; i < NT; ++i) orow[i * os] = from_f32<T>(v);
+      return;
+    }
+  }
+  float w[W], bias = p.bias.p != nullptr ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+#pragma unroll
+  for (int k = 0; k < W; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+
+  char* sp = static_cast<char*>(p.conv_state.p);
+  const int64_t esz = p.state_t == Dtype::f32 ? 4 : 2;
+  void* cs = sp + (slot * p.conv_state.s[0] + d * p.conv_state.s[1]) * esz;
+  const int64_t sj = p.conv_state.s[2], SL = p.state_len;
+  const Dtype stt = p.state_t;
+
+  float win[W];  // the H inputs before the current token, then the token
+  if (p.cache_seqlens.p != nullptr) {
+    // Circular: the tokens go to columns (c + i) mod SL, the H before them are the window.
+    int64_t c = ld_index(p.cache_seqlens.p, p.seqlens_i64, b * p.cache_seqlens.s[0]) % SL;
+    if (c < 0) c += SL;  // a negative length breaks the contract; stay inside the slot
+    int64_t col = c - H;
+    while (col < 0) col += SL;
+#pragma unroll
+    for (int m = 0; m < H; ++m) {
+      win[m] = ld_state(stt, cs, col * sj);
+      col = col + 1 == SL ? 0 : col + 1;
+    }
+    for (int64_t i = 0; i < NT; ++i) {
+      const float xv = ldt(xr, i * xs);
+      st(stt, cs, c * sj, xv);
+      c = c + 1 == SL ? 0 : c + 1;
+      win[H] = xv;
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc = fmaf(w[k], win[k], acc);
+      orow[i * os] = from_f32<T>(act(acc, p.silu));
+#pragma unroll
+      for (int k = 0; k < H; ++k) win[k] = win[k + 1];
+    }
+    return;
+  }
+  // Shift: the window is the last H columns; the state moves left by T (ascending: column j reads j + T > j, not
+  // yet written) and the tokens fill its last columns.
+#pragma unroll
+  for (int m = 0; m < H; ++m) win[m] = ld_state(stt, cs, (SL - H + m) * sj);
+  for (int64_t j = 0; j + NT < SL; ++j) st(stt, cs, j * sj, ld_state(stt, cs, (j + NT) * sj));
+  for (int64_t i = 0; i < NT; ++i) {
+    const float xv = ldt(xr, i * xs);
+    if (SL - NT + i >= 0) st(stt, cs, (SL - NT + i) * sj, xv);
+    win[H] = xv;
+    float acc = bias;
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc = fmaf(w[k], win[k], acc);
+    orow[i * os] = from_f32<T>(act(acc, p.silu));
+#pragma unroll
+    for (int k = 0; k < H; ++k) win[k] = win[k + 1];
+  }
+}
+
+}  // namespace selscan::kern::conv1d
