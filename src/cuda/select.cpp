@@ -431,18 +431,12 @@ bool vec_ok(const void* base, Dtype t, int spl, int64_t dstate, int64_t last_str
 
 }  // namespace
 
-// States a lane of a 16-bit state: 8 (16 bytes) or 4 (SELSCAN_DECODE_SPL16=4, for A/B runs).
-#ifndef SELSCAN_DECODE_SPL16
-#define SELSCAN_DECODE_SPL16 8
-#endif
-constexpr int kStatesPerLane16 = SELSCAN_DECODE_SPL16;
-
 StateUpdatePlan plan_state_update(const StateUpdate& p) {
   StateUpdatePlan plan{};
-  // 16 bytes of state a lane: the single-token step is a stream of state bytes, and many small lanes keep more of
-  // them in flight than few wide ones (which need registers for several sequences' states). fp32 above dstate 128
-  // takes 8 states a lane so that a channel's lanes fit one warp (the output sums over them with shuffles).
-  plan.states_per_lane = p.state_t == Dtype::f32 ? (p.dstate <= 128 ? 4 : 8) : kStatesPerLane16;
+  // 8 states a lane: 32 bytes of fp32 state (16 of 16-bit) a sequence, several sequences a thread
+  // (kernels/decode/state_update.cu). 16 bytes a lane and one sequence a thread measured slower at every batch of
+  // 16 or more (validation/optimisation-log.md).
+  plan.states_per_lane = 8;
   const int64_t chunks = (p.dstate + plan.states_per_lane - 1) / plan.states_per_lane;
   plan.lanes = 1;
   plan.lane_bits = 0;
