@@ -11,7 +11,7 @@
 //   - Sequence b of a call: row b and time [0, seqlen) of a dense call; row 0 and time [cu[b], cu[b+1]) of a packed
 //     one (varlen). A packed sequence may be empty (length 0): it has no out/dout/dx elements; its final_states
 //     row is still written (its initial states, or zeros: final_states[j] = xe(len - (W-1) + j)), and, like the
-//     scan's, it reads and writes no conv_states slot.
+//     scan's block-wise caching, it reads and writes no conv_states slot.
 //   - Its history xe(t) for t < 0: initial_states[b, d, W-1+t] for t >= -(W-1) when `init` is present; the slot's
 //     column state_len + t for t >= -state_len when conv_states is present; 0 elsewhere, and everywhere when
 //     has_init says 0 for b (the row or slot is then not read) or b is padding.

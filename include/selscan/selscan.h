@@ -362,7 +362,7 @@ SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_arg
  *                                                                   the fast layouts
  *   weight, dweight                                   (D, W)        wtype = FLOAT32 or itype (weight's); dweight
  *                                                                   FLOAT32 or wtype; any strides
- *   bias, dbias                                       (D,)          wtype (dbias: FLOAT32 or wtype)
+ *   bias, dbias                                       (D,)          wtype (dbias: dweight's dtype)
  *   initial_states, final_states, dinitial_states,
  *   dfinal_states                                     (Bt, D, W-1)  itype, any strides
  *   seq_idx                                           (Bt, L)       INT32, any strides
@@ -383,8 +383,11 @@ SELSCAN_API selscan_status_t selscan_state_update(const selscan_state_update_arg
  *     starts from the last W-1 columns of slot cache_indices[b] (slot b without cache_indices, then S = Bt) and
  *     leaves there its last state_len inputs: column j becomes xe(len_b - state_len + j) (older columns of the
  *     slot shift left, zeros where the sequence started from zero). Not with initial_states or final_states.
+ *     A packed sequence of length 0 reads and writes no slot (as in the scan's block-wise caching); two
+ *     sequences naming one slot are rejected on the CPU and leave it undefined on CUDA.
  *   cache_indices (Bt,) INT32 or INT64 with pad_slot_id, and has_initial_state (Bt,) BOOL or INT32: as the
- *     scan's (a padding sequence's out is 0 and no slot is touched; 0 starts sequence b from zero).
+ *     scan's (a padding sequence's out and final_states row are 0 and no slot is touched; 0 starts sequence b
+ *     from zero, its initial_states row or slot unread). Without conv_states, cache_indices only marks padding.
  *
  * The decode update (selscan_conv1d_update), causal_conv1d_update: T >= 1 new tokens per sequence.
  *   x, out        (Bt, D) or (Bt, D, T)   itype, any strides
