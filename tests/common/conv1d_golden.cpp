@@ -3,13 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -141,42 +140,30 @@ void expect_matches(const Conv1dGolden& g, const std::string& name, const Tensor
   EXPECT_TRUE(allclose(name, got.values(), ref, tol));
 }
 
-// Where the library sees the tensors: their host storage, or device copies of it (guards included) that come back
-// after the call. `call` gets the pointer map and a workspace allocator (host or device memory, freed after).
-using WorkspaceAlloc = std::function<void*(size_t)>;
-selscan_status_t run_placed(const std::vector<Tensor*>& ts, const DeviceMemory* dev,
-                            const std::function<selscan_status_t(const Case::PtrMap&, const WorkspaceAlloc&)>& call) {
-  std::vector<std::vector<unsigned char>> host_ws;
-  std::vector<void*> dev_blocks;
-  const WorkspaceAlloc ws = [&](size_t bytes) -> void* {
+// Workspace for one call, on the call's device: host memory aligned as the ABI asks, or device memory (freed when
+// this goes out of scope, after run_with_tensors has synchronised).
+class Workspace {
+ public:
+  explicit Workspace(const DeviceMemory* dev) : dev_(dev) {}
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    if (dev_ != nullptr && dev_ptr_ != nullptr) dev_->release(dev_ptr_);
+  }
+  void* get(size_t bytes) {
     if (bytes == 0) return nullptr;
-    if (dev != nullptr) {
-      void* p = dev->alloc(bytes);
-      dev_blocks.push_back(p);
-      return p;
-    }
-    host_ws.emplace_back(bytes + SELSCAN_WORKSPACE_ALIGNMENT);
-    const auto a = reinterpret_cast<uintptr_t>(host_ws.back().data());
+    if (dev_ != nullptr) return dev_ptr_ = dev_->alloc(bytes);
+    host_.assign(bytes + SELSCAN_WORKSPACE_ALIGNMENT, 0);
+    const auto a = reinterpret_cast<uintptr_t>(host_.data());
     return reinterpret_cast<void*>((a + SELSCAN_WORKSPACE_ALIGNMENT - 1) / SELSCAN_WORKSPACE_ALIGNMENT *
                                    SELSCAN_WORKSPACE_ALIGNMENT);
-  };
-  if (dev == nullptr) return call([](Tensor& t) { return host_ptr(t); }, ws);
-  std::map<const Tensor*, void*> where;
-  for (Tensor* t : ts) {
-    if (!t->present()) continue;
-    void* p = dev->alloc(t->storage.size());
-    dev->to_device(p, t->storage.data(), t->storage.size());
-    where[t] = p;
   }
-  const selscan_status_t s = call([&](Tensor& t) { return t.present() ? where.at(&t) : nullptr; }, ws);
-  dev->sync();
-  for (auto& [t, p] : where) {
-    dev->to_host(const_cast<Tensor*>(t)->storage.data(), p, t->storage.size());
-    dev->release(p);
-  }
-  for (void* p : dev_blocks) dev->release(p);
-  return s;
-}
+
+ private:
+  const DeviceMemory* dev_;
+  void* dev_ptr_ = nullptr;
+  std::vector<unsigned char> host_;
+};
 
 void expect_unchanged(const char* what, const Tensor& before, const Tensor& after) {
   if (!after.present()) return;
@@ -208,7 +195,7 @@ void check_conv(const Conv1dGolden& g, const selscan_exec_t& exec, const DeviceM
     Tensor out = output_tensor(g, "out", it, xl);
     Tensor fin = g.has("final_states") ? output_tensor(g, "final_states", it, sl) : Tensor{};
     const selscan_status_t st =
-        run_placed({&xi, &wi, &bi, &si, &ii, &out, &fin}, dev, [&](const Case::PtrMap& ptr, const WorkspaceAlloc&) {
+        run_with_tensors({&xi, &wi, &bi, &si, &ii, &out, &fin}, dev, [&](const Case::PtrMap& ptr) {
           selscan_conv1d_fwd_args_t a = SELSCAN_CONV1D_FWD_ARGS_INIT;
           a.x = xi.desc(ptr(xi));
           a.weight = wi.desc(ptr(wi));
@@ -240,9 +227,9 @@ void check_conv(const Conv1dGolden& g, const selscan_exec_t& exec, const DeviceM
     Tensor dw = output_tensor(g, "dweight", SELSCAN_DTYPE_FLOAT32);
     Tensor db = g.has("dbias") ? output_tensor(g, "dbias", SELSCAN_DTYPE_FLOAT32) : Tensor{};
     Tensor dinit = g.has("dinitial_states") ? output_tensor(g, "dinitial_states", it, sl) : Tensor{};
-    const selscan_status_t st = run_placed(
-        {&xi, &wi, &bi, &si, &ii, &di, &dfi, &dx, &dw, &db, &dinit}, dev,
-        [&](const Case::PtrMap& ptr, const WorkspaceAlloc& alloc) {
+    Workspace ws(dev);
+    const selscan_status_t st = run_with_tensors(
+        {&xi, &wi, &bi, &si, &ii, &di, &dfi, &dx, &dw, &db, &dinit}, dev, [&](const Case::PtrMap& ptr) {
           selscan_conv1d_bwd_args_t a = SELSCAN_CONV1D_BWD_ARGS_INIT;
           a.x = xi.desc(ptr(xi));
           a.weight = wi.desc(ptr(wi));
@@ -261,7 +248,7 @@ void check_conv(const Conv1dGolden& g, const selscan_exec_t& exec, const DeviceM
           const selscan_status_t q = selscan_conv1d_bwd_workspace_size(&a, &exec, &bytes);
           if (q != SELSCAN_STATUS_SUCCESS) return q;
           selscan_exec_t e = exec;
-          e.workspace = alloc(bytes);
+          e.workspace = ws.get(bytes);
           e.workspace_bytes = bytes;
           return selscan_conv1d_bwd(&a, &e);
         });
@@ -286,7 +273,7 @@ void check_update(const Conv1dGolden& g, const selscan_exec_t& exec, const Devic
   Tensor state = input_tensor(g, "conv_state");  // in place
   Tensor out = output_tensor(g, "out", x.dtype);
   const selscan_status_t st =
-      run_placed({&xi, &wi, &bi, &si, &ii, &state, &out}, dev, [&](const Case::PtrMap& ptr, const WorkspaceAlloc&) {
+      run_with_tensors({&xi, &wi, &bi, &si, &ii, &state, &out}, dev, [&](const Case::PtrMap& ptr) {
         selscan_conv1d_update_args_t a = SELSCAN_CONV1D_UPDATE_ARGS_INIT;
         a.x = xi.desc(ptr(xi));
         a.weight = wi.desc(ptr(wi));
@@ -376,26 +363,13 @@ Conv1dGoldenIndex conv1d_golden_index() {
   return ix;
 }
 
-std::vector<std::string> conv1d_golden_names() {
-  std::vector<std::string> names = conv1d_golden_index().names;
-  // GoogleTest takes only [A-Za-z0-9_] in parameter names (make_goldens.py writes nothing else).
-  for (std::string& n : names)
-    for (char& ch : n)
-      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return names;
-}
-
 std::string load_conv1d_golden(const std::string& name, Conv1dGolden* g) {
   Json cases;
   const std::string err = read_cases(&cases);
   if (!err.empty()) return err;
   const Json* c = nullptr;
-  for (const Json& k : cases.items) {
-    std::string n = k.find("name")->str;
-    for (char& ch : n)
-      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    if (n == name) c = &k;
-  }
+  for (const Json& k : cases.items)
+    if (k.find("name")->str == name) c = &k;
   if (c == nullptr) return "cases.json has no case " + name;
   g->name = c->find("name")->str;
   g->dir = (fs::path(conv1d_golden_dir()) / g->name).string();
@@ -436,14 +410,20 @@ void check_conv1d_golden(const Conv1dGolden& g, const selscan_exec_t& exec, cons
   else check_conv(g, exec, dev);
 }
 
-void expect_conv1d_golden_files() {
+void check_every_conv1d_golden(const selscan_exec_t& exec, const DeviceMemory* dev) {
   const Conv1dGoldenIndex ix = conv1d_golden_index();
   ASSERT_EQ(ix.error, "");
   if (!ix.present)
     GTEST_SKIP() << "no cases.json in " << conv1d_golden_dir()
-                 << ": causal-conv1d's goldens are not generated yet (tests/data/conv1d_golden/make_goldens.py on a "
-                    "GPU; tools/gpu-check.sh conv-golden)";
-  EXPECT_FALSE(ix.names.empty());
+                 << ": causal-conv1d's goldens are not generated yet (tests/data/conv1d_golden/README.md)";
+  ASSERT_FALSE(ix.names.empty());
+  for (const std::string& name : ix.names) {
+    Conv1dGolden g;
+    const std::string err = load_conv1d_golden(name, &g);
+    EXPECT_EQ(err, "") << name;
+    if (err.empty()) check_conv1d_golden(g, exec, dev);
+  }
+  std::printf("checked %zu cases of %s\n", ix.names.size(), conv1d_golden_dir().c_str());
 }
 
 }  // namespace selscan_test
