@@ -234,7 +234,8 @@ int64_t check_cu_seqlens(Checker& c, const selscan_tensor_t& t) {
 Status check_host_offsets(const View& cu, bool i64, int64_t seqs, int64_t total, const char* total_is) {
   const int64_t first = index_entry(cu, i64, 0), last = index_entry(cu, i64, seqs);
   if (first != 0)
-    return fail(SELSCAN_STATUS_INVALID_ARGUMENT, fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
+    return fail(SELSCAN_STATUS_INVALID_ARGUMENT,
+                fmt::format("cu_seqlens: must start at 0, got cu_seqlens[0] = {}", first));
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t lo = index_entry(cu, i64, b), hi = index_entry(cu, i64, b + 1);
     if (hi < lo)

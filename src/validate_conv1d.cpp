@@ -47,8 +47,8 @@ void flag01(Checker& c, int32_t v, const char* name, const char* meaning) {
 }
 
 // A tensor of the itype, of shape `want` (what: its meaning), any strides.
-void check_itype(Checker& c, const selscan_tensor_t& t, const char* name, int32_t it, std::initializer_list<int64_t> want,
-                 const char* what, bool output) {
+void check_itype(Checker& c, const selscan_tensor_t& t, const char* name, int32_t it,
+                 std::initializer_list<int64_t> want, const char* what, bool output) {
   c.dtype(t, name, it, "x's dtype");
   c.shape(t, name, want, what);
   c.layout(t, name, false, output);

@@ -297,7 +297,8 @@ Status update_impl(const Conv1dUpdate& p, int num_threads) {
       }
       if (p.cache_seqlens.present()) {
         // Token i goes to column (c + i) mod S; of tokens sharing a column (T > S) the last one stays.
-        for (int64_t i = std::max<int64_t>(0, T - S); i < T; ++i) store_f(p.state_t, cs.p, sbase + ((c + i) % S) * cs.s[2], v[i]);
+        for (int64_t i = std::max<int64_t>(0, T - S); i < T; ++i)
+          store_f(p.state_t, cs.p, sbase + ((c + i) % S) * cs.s[2], v[i]);
       } else {
         // (old columns, tokens)'s last S values: shifted left by T.
         for (int64_t j = 0; j < S; ++j)

@@ -1,6 +1,8 @@
 #include "case.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 namespace selscan_test {
@@ -271,6 +273,22 @@ class DeviceCopies {
 };
 
 }  // namespace
+
+DeviceMemory host_device_memory(int* live) {
+  DeviceMemory dev;
+  dev.alloc = [live](size_t n) {
+    ++*live;
+    return std::malloc(n);
+  };
+  dev.to_device = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
+  dev.to_host = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
+  dev.release = [live](void* p) {
+    --*live;
+    std::free(p);
+  };
+  dev.sync = [] {};
+  return dev;
+}
 
 selscan_status_t run_with_tensors(const std::vector<Tensor*>& ts, const DeviceMemory* dev,
                                   const std::function<selscan_status_t(const Case::PtrMap&)>& call) {

@@ -59,6 +59,10 @@ struct DeviceMemory {
   std::function<void()> sync;  // wait for the call's work (the stream passed in exec)
 };
 
+// Host memory posing as a device (malloc and memcpy), counting live allocations in *live: the device runner of the
+// GPU suites, tested on the CPU.
+DeviceMemory host_device_memory(int* live);
+
 // Poison the forward (backward) outputs and run through the public ABI. With `dev` == nullptr the library
 // sees host pointers; otherwise every present tensor's whole storage (guards included) is copied to device
 // memory, the call runs on those copies, and all storages come back (so guard checks still apply).

@@ -49,7 +49,9 @@ Tensor index_tensor(int32_t dtype, const std::vector<int64_t>& v, bool gaps) {
   return t;
 }
 
-selscan_tensor_t desc_at(Tensor& t, const Case::PtrMap& ptr) { return t.present() ? t.desc(ptr(t)) : selscan_tensor_t{}; }
+selscan_tensor_t desc_at(Tensor& t, const Case::PtrMap& ptr) {
+  return t.present() ? t.desc(ptr(t)) : selscan_tensor_t{};
+}
 
 // Unit roundoff of an output dtype, and the absolute error flushing or subnormal spacing allows.
 double unit_of(int32_t dt) { return dt == kF16 ? 0x1p-11 : dt == kBF16 ? 0x1p-8 : 0x1p-24; }
@@ -94,7 +96,9 @@ std::vector<int32_t> segments(int64_t L, Rng& rng) {
 }
 
 // float32, and the itype when that is another dtype (a weight's or a state's choices).
-std::vector<int32_t> f32_or(int32_t it) { return it == kF32 ? std::vector<int32_t>{kF32} : std::vector<int32_t>{kF32, it}; }
+std::vector<int32_t> f32_or(int32_t it) {
+  return it == kF32 ? std::vector<int32_t>{kF32} : std::vector<int32_t>{kF32, it};
+}
 
 std::vector<double> row_values(const Tensor& t, int64_t row, int64_t d, int64_t t0, int64_t n) {
   std::vector<double> v(static_cast<size_t>(n));
@@ -498,7 +502,8 @@ void check_conv1d(const Conv1dSpec& spec, const selscan_exec_t& exec, const Devi
   if (c.dinit.present()) EXPECT_TRUE(again.dinit.same_bytes(c.dinit)) << spec.str() << ": dinitial_states differs";
   if (spec.deterministic) {
     EXPECT_TRUE(again.dweight.same_bytes(c.dweight)) << spec.str() << ": deterministic dweight differs";
-    if (c.dbias.present()) EXPECT_TRUE(again.dbias.same_bytes(c.dbias)) << spec.str() << ": deterministic dbias differs";
+    if (c.dbias.present())
+      EXPECT_TRUE(again.dbias.same_bytes(c.dbias)) << spec.str() << ": deterministic dbias differs";
   }
 }
 
@@ -780,7 +785,8 @@ void expect_conv1d_update_ok(const Conv1dUpdateCase& after, const Conv1dUpdateCa
       {"bias", {&after.bias, &before.bias}},
       {"cache_seqlens", {&after.cache_seqlens, &before.cache_seqlens}},
       {"conv_state_indices", {&after.indices, &before.indices}}};
-  for (const auto& [name, t] : ins) EXPECT_TRUE(t.first->storage == t.second->storage) << what << ": " << name << " changed";
+  for (const auto& [name, t] : ins)
+    EXPECT_TRUE(t.first->storage == t.second->storage) << what << ": " << name << " changed";
 }
 
 std::vector<NamedConv1dUpdateSpec> conv1d_update_matrix() {

@@ -17,19 +17,6 @@ namespace {
 
 int64_t idx_esize(int32_t dtype) { return dtype == SELSCAN_DTYPE_INT64 ? 8 : 4; }
 
-// A tensor with the given strides (stride 0 = broadcast), guard elements around its span.
-Tensor strided(int32_t dtype, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  Tensor t;
-  t.dtype = dtype;
-  t.sizes = sizes;
-  t.strides = strides;
-  int64_t span = 1;
-  for (size_t i = 0; i < sizes.size(); ++i) span += (sizes[i] - 1) * strides[i];
-  t.offset = kGuardElems;
-  t.storage.assign(static_cast<size_t>((span + 2 * kGuardElems) * t.esize()), kGuard);
-  return t;
-}
-
 // C order, or (padded) C order with 3 elements of padding after every dim but the outermost.
 Tensor laid_out(int32_t dtype, const std::vector<int64_t>& sizes, bool padded) {
   if (!padded) return make_tensor(dtype, sizes);
@@ -203,11 +190,12 @@ StateUpdateCase make_state_update_case(const StateUpdateSpec& spec_in) {
       dts = contiguous_strides(lead);
       dts.push_back(0);
     }
-    c.dt = strided(pick(s.dt_dtype), io, dts);
-    c.A = s.heads ? strided(SELSCAN_DTYPE_FLOAT32, an, {1, 0, 0}) : strided(SELSCAN_DTYPE_FLOAT32, an, {1, 0});
+    c.dt = make_strided(pick(s.dt_dtype), io, dts);
+    c.A = s.heads ? make_strided(SELSCAN_DTYPE_FLOAT32, an, {1, 0, 0})
+                  : make_strided(SELSCAN_DTYPE_FLOAT32, an, {1, 0});
     const std::vector<int64_t> chs = s.heads ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{1};
-    if (s.has_D) c.D = strided(SELSCAN_DTYPE_FLOAT32, ch, chs);
-    if (s.has_bias) c.dt_bias = strided(SELSCAN_DTYPE_FLOAT32, ch, chs);
+    if (s.has_D) c.D = make_strided(SELSCAN_DTYPE_FLOAT32, ch, chs);
+    if (s.has_bias) c.dt_bias = make_strided(SELSCAN_DTYPE_FLOAT32, ch, chs);
   } else {
     c.dt = laid_out(pick(s.dt_dtype), io, s.padded);
     c.A = laid_out(SELSCAN_DTYPE_FLOAT32, an, s.padded);

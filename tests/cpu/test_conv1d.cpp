@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -131,7 +129,8 @@ TEST(CpuConv1d, BackwardMatchesFiniteDifferences) {
           const std::vector<double> gv = g->values();
           for (size_t i = 0; i < gv.size(); ++i) analytic += gv[i] * (*v)[i];
         }
-      const double fd = ref_conv1d_directional(p, dout, dfin, vx, vw, vb, c.dinit.present() ? vh : std::vector<double>{});
+      const double fd =
+          ref_conv1d_directional(p, dout, dfin, vx, vw, vb, c.dinit.present() ? vh : std::vector<double>{});
       EXPECT_NEAR(analytic, fd, 1e-4 * std::max(1.0, std::fabs(fd))) << s.str() << " direction " << k;
     }
   }
@@ -161,12 +160,7 @@ TEST(CpuConv1d, BackwardBitwiseAcrossThreadCounts) {
 // The device runner of tests/common (what the GPU suite uses) with plain host memory as the "device".
 TEST(CpuConv1d, DeviceRunnerOnHostCopies) {
   int live = 0;
-  DeviceMemory dev;
-  dev.alloc = [&](size_t n) { ++live; return std::malloc(n); };
-  dev.to_device = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.to_host = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.release = [&](void* p) { --live; std::free(p); };
-  dev.sync = [] {};
+  const DeviceMemory dev = host_device_memory(&live);
   Conv1dSpec s;
   s.lens = {4, 0, 11}, s.slots = 5, s.state_len = 6, s.cache_indices = {2, 4, -1}, s.dinitial_states = true;
   s.seed = 7400;

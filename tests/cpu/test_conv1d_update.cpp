@@ -3,8 +3,6 @@
 // thread count, the device runner on host copies, and T tokens in one call equal to T calls of one token.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -44,12 +42,7 @@ TEST(CpuConv1dUpdate, ThreadCountsGiveTheSameBytes) {
 
 TEST(CpuConv1dUpdate, DeviceRunnerOnHostCopies) {
   int live = 0;
-  DeviceMemory dev;
-  dev.alloc = [&](size_t n) { ++live; return std::malloc(n); };
-  dev.to_device = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.to_host = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.release = [&](void* p) { --live; std::free(p); };
-  dev.sync = [] {};
+  const DeviceMemory dev = host_device_memory(&live);
   Conv1dUpdateSpec s;
   s.batch = 4, s.slots = 6, s.indices = {5, -1, 0, 2}, s.tokens = 2, s.cache_seqlens = {3, 0, 1, 9}, s.strided = true;
   s.seed = 6501;

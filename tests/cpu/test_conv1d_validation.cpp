@@ -241,7 +241,8 @@ TEST(CpuConv1dValidation, SeqIdx) {
   st.bwd([&](auto& a) { a.seq_idx = sidx, a.initial_states = {}, a.dinitial_states = {}; },
          SELSCAN_STATUS_INVALID_ARGUMENT, {"dfinal_states: must be absent", "with seq_idx"});
   ConvFixture pk(pool_spec());
-  pk.fwd([&](auto& a) { a.seq_idx = sidx; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"seq_idx: must be absent with cu_seqlens"});
+  pk.fwd([&](auto& a) { a.seq_idx = sidx; }, SELSCAN_STATUS_INVALID_ARGUMENT,
+         {"seq_idx: must be absent with cu_seqlens"});
 }
 
 TEST(CpuConv1dValidation, Layouts) {
@@ -273,7 +274,8 @@ TEST(CpuConv1dValidation, PackedAndPool) {
   fx.fwd([](auto& a) { a.conv_states.sizes[1] = 7; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"conv_states", "(5, 7, 4)"});
   fx.fwd([](auto& a) { a.cache_indices = {}; }, SELSCAN_STATUS_SHAPE_MISMATCH,
          {"conv_states: without cache_indices", "3 slots", "(5, 8, 4)"});
-  fx.fwd([](auto& a) { a.cache_indices.dtype = kF16; }, SELSCAN_STATUS_DTYPE_MISMATCH, {"cache_indices", "got float16"});
+  fx.fwd([](auto& a) { a.cache_indices.dtype = kF16; }, SELSCAN_STATUS_DTYPE_MISMATCH,
+         {"cache_indices", "got float16"});
   fx.fwd([](auto& a) { a.cache_indices.sizes[0] = 2; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"cache_indices", "(2,)"});
   fx.fwd([](auto& a) { a.has_initial_state.dtype = kI64; }, SELSCAN_STATUS_DTYPE_MISMATCH,
          {"has_initial_state: expected dtype bool or int32", "got int64"});
@@ -363,7 +365,8 @@ TEST(CpuConv1dValidation, Update) {
   f.run([](auto& a) { a.activation = 5; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"activation", "got 5"});
   f.run([](auto& a) { a.x.data = nullptr; }, SELSCAN_STATUS_INVALID_ARGUMENT, {"x: required"});
   f.run([](auto& a) { a.x.dtype = kI64; }, SELSCAN_STATUS_DTYPE_MISMATCH, {"x: expected dtype", "got int64"});
-  f.run([](auto& a) { a.x.ndim = 4; }, SELSCAN_STATUS_SHAPE_MISMATCH, {"x: expected shape (batch, dim)", "(3, 8, 2, 0)"});
+  f.run([](auto& a) { a.x.ndim = 4; }, SELSCAN_STATUS_SHAPE_MISMATCH,
+        {"x: expected shape (batch, dim)", "(3, 8, 2, 0)"});
   f.run([](auto& a) { a.x.sizes[2] = 0, a.out.sizes[2] = 0; }, SELSCAN_STATUS_SHAPE_MISMATCH,
         {"x: every size must be >= 1", "(3, 8, 0)"});
   f.run([](auto& a) { a.weight.sizes[1] = 6; }, SELSCAN_STATUS_UNSUPPORTED, {"weight: width", "got 6"});

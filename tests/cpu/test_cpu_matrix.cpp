@@ -179,12 +179,7 @@ namespace {
 // storages are copied out, run on the copies, and copied back.
 TEST(CpuMatrix, DeviceMemoryRunnerOnHostCopies) {
   int live = 0;
-  DeviceMemory dev;
-  dev.alloc = [&](size_t n) { ++live; return std::malloc(n); };
-  dev.to_device = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.to_host = [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
-  dev.release = [&](void* p) { --live; std::free(p); };
-  dev.sync = [] {};
+  const DeviceMemory dev = host_device_memory(&live);
   CaseSpec s;
   s.strides = Strides::mamba_inner, s.has_h0 = true, s.recompute_out_z = true, s.seed = 1100;
   check_case(s, cpu_exec(2), &dev);
