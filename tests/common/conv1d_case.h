@@ -75,6 +75,9 @@ struct Conv1dCase {
   int64_t start(int64_t b) const;  // along the time axis
   int64_t row(int64_t b) const { return spec.packed() ? 0 : b; }
   bool pad(int64_t b) const;       // a padding sequence (cache_indices entry == pad_slot_id)
+  // Its cache_indices entry names no slot of the pool (not pad_slot_id, outside [0, slots)): CUDA writes NaN to its
+  // out and touches no slot; CPU calls reject the call.
+  bool out_of_pool(int64_t b) const;
   int64_t slot(int64_t b) const;   // its pool slot (-1: none)
   bool from_state(int64_t b) const;  // it starts from its initial_states row or slot
 
@@ -116,6 +119,8 @@ struct NamedConv1dSpec {
 };
 inline void PrintTo(const NamedConv1dSpec& s, std::ostream* os) { *os << s.spec.str(); }
 std::vector<NamedConv1dSpec> conv1d_matrix();
+// Pool calls with cache_indices entries outside the pool: for the GPU suites (CPU calls reject them).
+std::vector<NamedConv1dSpec> conv1d_out_of_pool_specs();
 
 // ------------------------------------------------------------------------------------------ the decode update
 struct Conv1dUpdateSpec {
@@ -168,5 +173,7 @@ struct NamedConv1dUpdateSpec {
 };
 inline void PrintTo(const NamedConv1dUpdateSpec& s, std::ostream* os) { *os << s.spec.str(); }
 std::vector<NamedConv1dUpdateSpec> conv1d_update_matrix();
+// Updates whose conv_state_indices name slots outside the pool: for the GPU suites (CPU calls reject them).
+std::vector<NamedConv1dUpdateSpec> conv1d_update_out_of_pool_specs();
 
 }  // namespace selscan_test

@@ -1,7 +1,10 @@
 // Argument checking of selscan_conv1d_fwd / _bwd / _bwd_workspace_size / _update: every rule gives its status and a
 // message that names the argument and prints the value given, and a rejected call writes nothing (outputs stay
 // poisoned, the pools unchanged, every guard byte intact).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include <cstddef>
 #include <cstdint>
@@ -327,6 +330,78 @@ TEST(CpuConv1dValidation, HostContents) {
   neg.fwd([](auto&) {}, SELSCAN_STATUS_INVALID_ARGUMENT, {"cache_indices[1]", "got -2"});
   ConvFixture dup(with([](Conv1dSpec& t) { t.cache_indices = {1, -1, 1}; }));
   dup.fwd([](auto&) {}, SELSCAN_STATUS_INVALID_ARGUMENT, {"cache_indices: sequences 0 and 2 both name slot 1"});
+}
+
+// The GPU suites' out-of-pool cases (CUDA: NaN out, no slot touched) are rejected by CPU calls, naming the entry.
+TEST(CpuConv1dValidation, OutOfPoolEntriesAreRejected) {
+  for (const NamedConv1dSpec& n : conv1d_out_of_pool_specs()) {
+    ConvFixture fx(n.spec);
+    fx.fwd([](auto&) {}, SELSCAN_STATUS_INVALID_ARGUMENT, {"cache_indices[", "expected a slot of conv_states"});
+  }
+  for (const NamedConv1dUpdateSpec& n : conv1d_update_out_of_pool_specs()) {
+    Conv1dUpdateCase c = make_conv1d_update_case(n.spec);
+    const auto before = snapshot(c.all());
+    const selscan_conv1d_update_args_t a = c.args(host_ptr);
+    const selscan_exec_t e = cpu_exec(1);
+    expect_fail_untouched<selscan_conv1d_update_args_t>(selscan_conv1d_update(&a, &e), SELSCAN_STATUS_INVALID_ARGUMENT,
+                                                        {"conv_state_indices[", "expected a slot of conv_state"},
+                                                        c.all(), before);
+  }
+}
+
+// The failures `check` reports that mention `text` (captured: they do not fail this test).
+template <class F>
+int failures_mentioning(F&& check, const std::string& text) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    check();
+  }
+  int n = 0;
+  for (int i = 0; i < results.size(); ++i)
+    n += std::string(results.GetTestPartResult(i).message()).find(text) != std::string::npos;
+  return n;
+}
+
+// What the GPU suites expect of those cases, checked here on a stand-in: the CPU result of the same call with the
+// out-of-pool entries made padding, with NaN written over those sequences' outputs, passes the checks; leaving the
+// padding's zeros there does not.
+TEST(CpuConv1dValidation, OutOfPoolExpectationsOnAStandIn) {
+  for (const NamedConv1dSpec& n : conv1d_out_of_pool_specs()) {
+    const Conv1dCase before = make_conv1d_case(n.spec);
+    Conv1dSpec pad = n.spec;
+    for (size_t b = 0; b < pad.cache_indices.size(); ++b)
+      if (before.out_of_pool(static_cast<int64_t>(b))) pad.cache_indices[b] = pad.pad_slot_id;
+    Conv1dCase stand = make_conv1d_case(pad);
+    ASSERT_EQ(run_conv1d_fwd(stand, cpu_exec(1)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+    Conv1dCase after = before;
+    after.out.storage = stand.out.storage;
+    after.pool.storage = stand.pool.storage;
+    EXPECT_EQ(failures_mentioning([&] { expect_conv1d_fwd_ok(after, before); }, "naming no slot must be NaN"), 1);
+    for (int64_t b = 0; b < n.spec.seqs(); ++b)
+      if (before.out_of_pool(b))
+        for (int64_t d = 0; d < n.spec.dim; ++d)
+          for (int64_t t = 0; t < n.spec.len(b); ++t) after.out.set({after.row(b), d, after.start(b) + t}, NAN);
+    expect_conv1d_fwd_ok(after, before);
+  }
+  for (const NamedConv1dUpdateSpec& n : conv1d_update_out_of_pool_specs()) {
+    const Conv1dUpdateCase before = make_conv1d_update_case(n.spec);
+    Conv1dUpdateSpec pad = before.spec;
+    for (size_t b = 0; b < pad.indices.size(); ++b)
+      if (before.slot_of(static_cast<int64_t>(b)) == -2) pad.indices[b] = pad.pad_slot_id;
+    Conv1dUpdateCase stand = make_conv1d_update_case(pad);
+    ASSERT_EQ(run_conv1d_update(stand, cpu_exec(1)), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+    Conv1dUpdateCase after = before;
+    after.out.storage = stand.out.storage;
+    after.state.storage = stand.state.storage;
+    EXPECT_EQ(failures_mentioning([&] { expect_conv1d_update_ok(after, before); }, "its out must be NaN"), 2);
+    for (int64_t b = 0; b < n.spec.batch; ++b)
+      if (before.slot_of(b) == -2)
+        for (int64_t d = 0; d < n.spec.dim; ++d)
+          for (int64_t t = 0; t < n.spec.tokens; ++t) after.out.set({b, d, t}, NAN);
+    expect_conv1d_update_ok(after, before);
+  }
 }
 
 // ------------------------------------------------------------------------------------------ the update
