@@ -62,6 +62,7 @@ struct Sums {
 };
 
 double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+size_t at(int64_t i) { return static_cast<size_t>(i); }
 
 }  // namespace
 
@@ -95,8 +96,9 @@ GradTerms grad_terms(const VarlenCase& c, ChunkFault fault) {
     const int64_t t0 = c.start(b), row = s.packed ? 0 : b;
     const bool here = fault.kind != ChunkFault::none && fault.seq == b;
     const int64_t fc0 = fault.chunk * kChunk, fc1 = std::min(L, fc0 + kChunk);  // the faulty chunk's steps
-    // Block ids: (sequence, chunk, state) for the sums over time, unique across the call.
-    auto tblock = [&](int64_t t, int64_t n) { return ((b * ((T + kChunk - 1) / kChunk + 1) + t / kChunk) * N + n); };
+    // Block ids (each element starts a new block where the id of its next term differs): (sequence, chunk, state)
+    // for the sums over time; the channel's block of kBlockChannels for variable dB/dC.
+    auto tblock = [&](int64_t t, int64_t n) { return (b * ((T + kChunk - 1) / kChunk + 1) + t / kChunk) * N + n; };
     std::vector<double> dt(static_cast<size_t>(L)), sp(static_cast<size_t>(L)), dy(static_cast<size_t>(L));
     std::vector<cd> hist(static_cast<size_t>(L + 1));
     for (int64_t d = 0; d < D; ++d) {
@@ -112,25 +114,26 @@ GradTerms grad_terms(const VarlenCase& c, ChunkFault fault) {
       };
       if (p.has_D)
         for (int64_t t = L - 1; t >= 0; --t)
-          sD.add(d, factor(t) * dy[static_cast<size_t>(t)] * p.u[static_cast<size_t>(p.bdl(0, d, t))],
-                 tblock(t, 0));
+          sD.add(d, factor(t) * dy[at(t)] * p.u[at(p.bdl(0, d, t))], tblock(t, 0));
       for (int64_t n = 0; n < N; ++n) {
-        const cd A = p.A[static_cast<size_t>(p.dn(d, n))];
-        auto Bv = [&](int64_t t) { return p.var_B ? p.B[static_cast<size_t>(p.bgnl(0, p.group(d), n, t))] : p.B[static_cast<size_t>(p.dn(d, n))]; };
-        auto Cv = [&](int64_t t) { return p.var_C ? p.C[static_cast<size_t>(p.bgnl(0, p.group(d), n, t))] : p.C[static_cast<size_t>(p.dn(d, n))]; };
-        auto uu = [&](int64_t t) { return p.u[static_cast<size_t>(p.bdl(0, d, t))]; };
-        auto abar = [&](int64_t t) { return std::exp(dt[static_cast<size_t>(t)] * A); };
-        hist[0] = p.has_h0 ? p.h0[static_cast<size_t>(p.bdn(0, d, n))] : cd(0.0);
-        for (int64_t t = 0; t < L; ++t)
-          hist[static_cast<size_t>(t + 1)] = abar(t) * hist[static_cast<size_t>(t)] + Bv(t) * (dt[static_cast<size_t>(t)] * uu(t));
+        const cd A = p.A[at(p.dn(d, n))];
+        auto Bv = [&](int64_t t) { return p.var_B ? p.B[at(p.bgnl(0, p.group(d), n, t))] : p.B[at(p.dn(d, n))]; };
+        auto Cv = [&](int64_t t) { return p.var_C ? p.C[at(p.bgnl(0, p.group(d), n, t))] : p.C[at(p.dn(d, n))]; };
+        auto uu = [&](int64_t t) { return p.u[at(p.bdl(0, d, t))]; };
+        auto abar = [&](int64_t t) { return std::exp(dt[at(t)] * A); };
+        // h after step t from h before it (hist[t + 1] from hist[t]).
+        auto step = [&](const std::vector<cd>& h, int64_t t) {
+          return abar(t) * h[at(t)] + Bv(t) * (dt[at(t)] * uu(t));
+        };
+        hist[0] = p.has_h0 ? p.h0[at(p.bdn(0, d, n))] : cd(0.0);
+        for (int64_t t = 0; t < L; ++t) hist[at(t + 1)] = step(hist, t);
         // The states the backward recomputes: a wrong seed changes them inside the faulty chunk only (the next
         // chunk is seeded from x again).
         std::vector<cd> hb = hist;
         if (here && fc0 > 0 && fc0 < L &&
             (fault.kind == ChunkFault::zero_seed || fault.kind == ChunkFault::next_seed)) {
-          hb[static_cast<size_t>(fc0)] = fault.kind == ChunkFault::zero_seed ? cd(0.0) : hist[static_cast<size_t>(fc1)];
-          for (int64_t t = fc0; t < fc1; ++t)
-            hb[static_cast<size_t>(t + 1)] = abar(t) * hb[static_cast<size_t>(t)] + Bv(t) * (dt[static_cast<size_t>(t)] * uu(t));
+          hb[at(fc0)] = fault.kind == ChunkFault::zero_seed ? cd(0.0) : hist[at(fc1)];
+          for (int64_t t = fc0; t < fc1; ++t) hb[at(t + 1)] = step(hb, t);
         }
         cd carry = 0.0;
         for (int64_t t = L - 1; t >= 0; --t) {
@@ -144,9 +147,9 @@ GradTerms grad_terms(const VarlenCase& c, ChunkFault fault) {
           const cd tB = f * dh * (dt[ts] * uu(t));
           const cd tC = f * kappa * dy[ts] * std::conj(hb[ts + 1]);
           const int64_t vi = ((row * G + p.group(d)) * N + n) * T + t0 + t;  // variable dB/dC element
-          if (p.var_B) sB.add(vi, tB, vi * 64 + d / kBlockChannels);
+          if (p.var_B) sB.add(vi, tB, d / kBlockChannels);
           else sB.add(p.dn(d, n), tB, blk);
-          if (p.var_C) sC.add(vi, tC, vi * 64 + d / kBlockChannels);
+          if (p.var_C) sC.add(vi, tC, d / kBlockChannels);
           else sC.add(p.dn(d, n), tC, blk);
           if (p.has_bias) {
             sbias.add(d, f * sp[ts] * (dh * std::conj(Bt)).real() * uu(t), blk);
@@ -205,10 +208,14 @@ std::vector<GradCondition> gradient_conditions(const VarlenCase& c, const Varlen
   const VarlenSpec& s = c.spec;
   const Tolerances tol = upstream_tolerances(s.itype, s.has_z, s.var_B, s.var_C);
   std::vector<GradCondition> rows;
-  rows.push_back(measure("du", c.du.values(), round_to(r.du, s.itype), tol.du, r.cond_du, nullptr, false));
-  rows.push_back(measure("ddelta", c.ddelta.values(), round_to(r.ddelta, s.itype), tol.ddelta, r.cond_ddelta, nullptr, false));
-  if (s.has_z) rows.push_back(measure("dz", c.dz.values(), round_to(r.dz, s.itype), tol.dz, r.cond_dz, nullptr, false));
-  if (c.dh0.present()) rows.push_back(measure("dh0", c.dh0.values(), r.dh0, tol.dh0, r.cond_dh0, nullptr, false));
+  auto per_step = [&](const char* name, const Tensor& got, const std::vector<double>& ref, Tol t,
+                      const std::vector<double>& cond) {
+    rows.push_back(measure(name, got.values(), ref, t, cond, nullptr, false));
+  };
+  per_step("du", c.du, round_to(r.du, s.itype), tol.du, r.cond_du);
+  per_step("ddelta", c.ddelta, round_to(r.ddelta, s.itype), tol.ddelta, r.cond_ddelta);
+  if (s.has_z) per_step("dz", c.dz, round_to(r.dz, s.itype), tol.dz, r.cond_dz);
+  if (c.dh0.present()) per_step("dh0", c.dh0, r.dh0, tol.dh0, r.cond_dh0);
   for (const auto& [name, got] : varlen_reduced(c)) {
     const std::vector<double> ref = varlen_reduced_ref(c, r, name);
     const std::vector<double>& cond = name == "dA"   ? r.cond_dA
@@ -234,7 +241,8 @@ std::string format_conditions(const std::vector<GradCondition>& rows) {
                 "S=sum|T|", "cond", "n");
   os << line;
   for (const GradCondition& m : rows) {
-    std::snprintf(line, sizeof line, "%-20s %8lld %11.4g %9.3g %9.3g %9.3g %9.3g %9.3g | %7lld %12.7g %12.7g %11.4g %11.4g %6lld\n",
+    std::snprintf(line, sizeof line,
+                  "%-20s %8lld %11.4g %9.3g %9.3g %9.3g %9.3g %9.3g | %7lld %12.7g %12.7g %11.4g %11.4g %6lld\n",
                   m.name.c_str(), static_cast<long long>(m.elements), m.max_err, m.over_upstream, m.over_check,
                   m.over_cond, m.over_abs_sum, m.over_sqrt_n, static_cast<long long>(m.at), m.got, m.ref, m.abs_sum,
                   m.cond, static_cast<long long>(m.terms));

@@ -441,9 +441,9 @@ TEST(VarlenValidation, CudaServingCallsArePlanned) {
   k.e.device_index = 1000;
   size_t bytes = 1;
 #if SELSCAN_WITH_CUDA
-  expect_fail(k.fwd(), SELSCAN_STATUS_NO_DEVICE, {"device"});
-  expect_fail(k.bwd(), SELSCAN_STATUS_NO_DEVICE, {"device"});
-  expect_fail(selscan_bwd_workspace_size(&k.b, &k.e, &bytes), SELSCAN_STATUS_NO_DEVICE, {"device"});
+  expect_fail(k.fwd(), SELSCAN_STATUS_NO_DEVICE, {});
+  expect_fail(k.bwd(), SELSCAN_STATUS_NO_DEVICE, {});
+  expect_fail(selscan_bwd_workspace_size(&k.b, &k.e, &bytes), SELSCAN_STATUS_NO_DEVICE, {});
 #else
   expect_fail(k.fwd(), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
   expect_fail(selscan_bwd_workspace_size(&k.b, &k.e, &bytes), SELSCAN_STATUS_CUDA_NOT_BUILT, {"without CUDA"});
