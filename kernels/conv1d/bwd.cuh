@@ -32,7 +32,7 @@ __device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const fl
   if (plain) {  // P - H >= 0 here: P is past a whole run
 #pragma unroll
     for (int k = 0; k < W; ++k) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
-  } else if ((p.seq_idx.p != nullptr)) {
+  } else if (p.seq_idx.p != nullptr) {
     const int tc = seq_tag(p, b, P);
     *tag = tc;
     if (tc < 0) return 0.f;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
       for (int k = 0; k < W; ++k) acc[k] = fmaf(g[i], xw[i + k], acc[k]);
       acc[W] += g[i];
     }
-  } else if ((p.seq_idx.p != nullptr)) {
+  } else if (p.seq_idx.p != nullptr) {
     int tw[H + I];
 #pragma unroll
     for (int j = 0; j < H + I; ++j) tw[j] = seq_tag(p, b, t0 - H + j);
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
     }
     dx[i] = a;
   }
-  if ((p.dfin.p != nullptr)) {
+  if (p.dfin.p != nullptr) {
     if (plain) {
       if (t0 + I > L - H) {
 #pragma unroll
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
             for (int k = 1; k <= H; ++k) a = th[H - k] == tg ? fmaf(w[k][c], gh[H - k][c], a) : a;
             o[c] = a;
           }
-          if ((p.dfin.p != nullptr) && !si && tg >= 0) {
+          if (p.dfin.p != nullptr && !si && tg >= 0) {
             const int64_t qs = cu_at(p, tg), qe = cu_at(p, tg + 1);
             if (tq >= qs && tq < qe && tq >= qe - H) {
 #pragma unroll
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) bwd_finalize(const Conv1d p,
 #pragma unroll
     for (int j = 1; j < kWarps; ++j) v += red[j][k][lane];
     if (k < W1 - 1) st(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
-    else if ((p.dbias.p != nullptr)) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
+    else if (p.dbias.p != nullptr) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
   }
 }
 
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dinit(const Conv1d p) {
       float v = 0.f;
       for (int k = 0; k <= j; ++k)
         if (j - k < len) v = fmaf(w[k], g[j - k], v);
-      if ((p.dfin.p != nullptr) && j >= len) v += dfin_at<T>(p, b, d, j - len, H);  // dfinal_states[j - len]
+      if (p.dfin.p != nullptr && j >= len) v += dfin_at<T>(p, b, d, j - len, H);  // dfinal_states[j - len]
       di[j * p.dinit.s[2]] = from_f32<T>(v);
     }
   }

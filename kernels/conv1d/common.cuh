@@ -209,27 +209,27 @@ template <typename T>
 __device__ __forceinline__ Start<T> seq_start(const Conv1d& p, int64_t b, int64_t d) {
   Start<T> s;
   int64_t slot = b;
-  if ((p.cache_indices.p != nullptr)) {
+  if (p.cache_indices.p != nullptr) {
     slot = ld_index(p.cache_indices.p, p.idx_i64, b * p.cache_indices.s[0]);
     if (slot == p.pad_slot_id) {
       s.kind = kPad;
       return s;
     }
-    if ((p.conv_states.p != nullptr) && (slot < 0 || slot >= p.slots)) {
+    if (p.conv_states.p != nullptr && (slot < 0 || slot >= p.slots)) {
       s.kind = kBad;
       return s;
     }
   }
-  if ((p.has_init.p != nullptr)) {
+  if (p.has_init.p != nullptr) {
     const int64_t off = b * p.has_init.s[0];
     const bool has = p.init_i32 ? __ldg(static_cast<const int*>(p.has_init.p) + off) != 0
                                 : __ldg(static_cast<const unsigned char*>(p.has_init.p) + off) != 0;
     if (!has) return s;
   }
-  if ((p.init.p != nullptr)) {
+  if (p.init.p != nullptr) {
     s.st = static_cast<const T*>(p.init.p) + b * p.init.s[0] + d * p.init.s[1] + (p.width - 1) * p.init.s[2];
     s.sj = p.init.s[2], s.sc = p.init.s[1];
-  } else if ((p.conv_states.p != nullptr)) {
+  } else if (p.conv_states.p != nullptr) {
     s.st = static_cast<const T*>(p.conv_states.p) + slot * p.conv_states.s[0] + d * p.conv_states.s[1] +
            p.state_len * p.conv_states.s[2];
     s.sj = p.conv_states.s[2], s.sc = p.conv_states.s[1];

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
       for (int k = 0; k < W; ++k) acc = fmaf(w[k], xw[i + k], acc);
       y[i] = act(acc, p.silu);
     }
-  } else if ((p.seq_idx.p != nullptr)) {
+  } else if (p.seq_idx.p != nullptr) {
     // A term counts only where its step carries the output step's seq_idx; a negative seq_idx is padding.
     int tag[H + I];
 #pragma unroll
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) fwd_cl(const Conv1d p, const Conv1dP
   for (int64_t t = q.tb; t < q.te; ++t) {
     float v[C], o[C];
     ld_step<T, C>(xr, t, xts, xcs, q.nc, vec, v);
-    if ((p.seq_idx.p != nullptr)) {
+    if (p.seq_idx.p != nullptr) {
       const int tc = seq_tag(p, q.r, t);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
@@ -305,9 +305,10 @@ __global__ void __launch_bounds__(kThreads) fwd_cl(const Conv1d p, const Conv1dP
 }
 
 // ---------------------------------------------------------------------------------------------- states
-// One thread per (sequence, channel), after the main kernel: final_states[b, d, j] = xe(len - (W-1) + j), and a
-// pool slot's column j becomes xe(len - state_len + j) (older columns shift left; zeros where the sequence started
-// from zero). In place in increasing j: column j reads column len + j >= j, not yet written.
+// One thread per (sequence, channel), after the main kernel: final_states[b, d, j] = xe(len - (W-1) + j) (0 for a
+// padding sequence), and a pool slot's column j becomes xe(len - state_len + j) (older columns shift left; zeros
+// where the sequence started from zero). In place in increasing j: column j reads column len + j > j, not yet
+// written.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fwd_states(const Conv1d p) {
   const int64_t H = p.width - 1;
@@ -325,14 +326,15 @@ __global__ void __launch_bounds__(kThreads) fwd_states(const Conv1d p) {
     const T* xr = static_cast<const T*>(p.x.p) + row * p.x.s[0] + d * p.x.s[1] + s * p.x.s[2];
     const int64_t xs = p.x.s[2];
     const Start<T> st = seq_start<T>(p, b, d);
-    if ((p.fin.p != nullptr)) {
+    if (p.fin.p != nullptr) {  // a padding sequence's row is 0
       T* f = static_cast<T*>(p.fin.p) + b * p.fin.s[0] + d * p.fin.s[1];
       for (int64_t j = 0; j < H; ++j) {
         const int64_t t = len - H + j;
-        f[j * p.fin.s[2]] = from_f32<T>(t >= 0 ? ldt(xr, t * xs) : st.at(t));
+        f[j * p.fin.s[2]] = from_f32<T>(st.kind != kRun ? 0.f : (t >= 0 ? ldt(xr, t * xs) : st.at(t)));
       }
     }
-    if ((p.conv_states.p != nullptr) && st.kind == kRun) {
+    // An empty sequence reads and writes no slot.
+    if (p.conv_states.p != nullptr && st.kind == kRun && len > 0) {
       const int64_t slot =
           (p.cache_indices.p != nullptr) ? ld_index(p.cache_indices.p, p.idx_i64, b * p.cache_indices.s[0]) : b;
       T* cs = static_cast<T*>(p.conv_states.p) + slot * p.conv_states.s[0] + d * p.conv_states.s[1];
