@@ -10,12 +10,13 @@
 #      (bench/build_upstream.py), and pyhost / hf time it beside selscan.
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 #      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
-#      decode tests alone (GpuVarlen*:GpuBlockStates*:GpuStateUpdate*, without LongSequencesConditionReport, whose
-#      float64 work is host-side), default kernel choice only (serving calls never take the thread-states kernels),
-#      in about six minutes on an H200: memcheck 120 s, initcheck 90 s and synccheck 60 s over all of them;
-#      racecheck, the slowest tool, 90 s over one test per kernel (the serving forward and backward, the block-state
-#      forward, the decode step in place and with destinations, one and several tokens). A tool that reaches its cap
-#      reports rc=124 and the tests it finished; SANITIZE_TIMEOUT overrides the caps.
+#      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
+#      six minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
+#      test (*GpuStateUpdate*: the 232-entry Matrix/ too), without LongSequencesConditionReport (float64 work on the
+#      host). synccheck (50 s): the same but the decode matrix (the named decode tests use the same barriers).
+#      racecheck, the slowest tool (60 s): one test per kernel (serving forward and backward, block-state forward,
+#      the decode step in place and with destinations, one and several tokens). A tool that reaches its cap reports
+#      rc=124 with the tests it finished: raise the caps with SANITIZE_TIMEOUT (seconds, every tool).
 # Run it on a clean export of a commit (`git archive HEAD | tar -x -C dir`) when others edit the tree.
 # Step `limits` is not part of all (name it): the size-limit, non-finite and multi-GPU tests, DISABLED_ ones
 # included (GpuLimits*:GpuMulti*; up to ~58 GiB of device memory, a few minutes; GpuMulti skips on one GPU).
@@ -89,14 +90,18 @@ if want sanitize; then
   # otherwise run the warp-scan kernels). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ] && [ "${SANITIZE_SET:-}" = serving ]; then
-    serving='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    all='GpuVarlen*:GpuBlockStates*:*GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    named='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
     one_each='GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.BadEntriesGiveNaNAndTouchNoSlot'
     one_each+=':GpuStateUpdateDst.MatchesTheCpuPath:GpuStateUpdateShapes.Mamba2HeadsShape'
     one_each+=':*GpuStateUpdate.MatchesTheOracle/mamba1_xfp32_statefp32'
-    for spec in memcheck:120 initcheck:90 synccheck:60 racecheck:90; do
+    for spec in memcheck:150 initcheck:100 synccheck:50 racecheck:60; do
       tool=${spec%%:*}
-      f=$serving
-      [ "$tool" = racecheck ] && f=$one_each
+      case $tool in
+        synccheck) f=$named ;;
+        racecheck) f=$one_each ;;
+        *) f=$all ;;
+      esac
       log="$OUT/sanitizer-$tool-serving.log"
       timeout "${SANITIZE_TIMEOUT:-${spec#*:}}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$gpu_tests" \
         --gtest_filter="$f" >"$log" 2>&1
