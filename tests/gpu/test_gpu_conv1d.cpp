@@ -242,6 +242,14 @@ TEST(GpuConv1dGraph, ForwardBackwardUpdateReplayAsEager) {
   us.seed = 7601;
 
   struct Run {
+    static Conv1dCase poisoned(Conv1dCase c) {
+      poison({&c.out, &c.fin, &c.dx, &c.dweight, &c.dbias, &c.dinit});
+      return c;
+    }
+    static Conv1dUpdateCase poisoned(Conv1dUpdateCase u) {
+      poison({&u.out});
+      return u;
+    }
     Conv1dCase c;
     Conv1dUpdateCase u;
     DeviceCopies conv, upd;
@@ -250,7 +258,8 @@ TEST(GpuConv1dGraph, ForwardBackwardUpdateReplayAsEager) {
     selscan_conv1d_fwd_args_t fa;
     selscan_conv1d_bwd_args_t ba;
     selscan_conv1d_update_args_t ua;
-    Run(const Conv1dCase& c0, const Conv1dUpdateCase& u0) : c(c0), u(u0), conv(c.all()), upd(u.all()) {
+    Run(const Conv1dCase& c0, const Conv1dUpdateCase& u0)
+        : c(poisoned(c0)), u(poisoned(u0)), conv(c.all()), upd(u.all()) {
       fa = c.fwd_args(conv.map());
       ba = c.bwd_args(conv.map());
       ua = u.args(upd.map());
