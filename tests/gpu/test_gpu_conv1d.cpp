@@ -298,7 +298,10 @@ TEST(GpuConv1dGraph, ForwardBackwardUpdateReplayAsEager) {
   ASSERT_EQ(captured, SELSCAN_STATUS_SUCCESS) << selscan_last_error();
   CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
   for (int replay = 0; replay < 2; ++replay) {
-    if (replay > 0) graph.upd.upload();  // the update's state back to its initial contents
+    if (replay > 0) {  // the update's state back to its initial contents (the download replaced the host copy)
+      graph.u.state.storage = u0.state.storage;
+      graph.upd.upload();
+    }
     CUDA_OK(cudaGraphLaunch(ge, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     graph.conv.download(), graph.upd.download();
