@@ -9,6 +9,8 @@
 //                       floats), summed within the block in a fixed order (shuffle trees, then shared memory).
 //   bwd_finalize        sums the partials of each channel in a fixed order and writes dweight/dbias in their dtype:
 //                       every call is bitwise reproducible, so `deterministic` costs nothing (no atomics, no memset).
+//                       A call of one part per channel (one row, one time tile) skips it: the main kernel writes
+//                       dweight/dbias (plan.direct).
 //   bwd_dinit           dinitial_states, one thread per (sequence, channel), recomputing g at the first W-1 steps.
 #pragma once
 
@@ -60,6 +62,22 @@ __device__ __forceinline__ float dfin_at(const Conv1d& p, int64_t b, int64_t d, 
   const int64_t j = t - (e - (p.width - 1));
   if (j < 0) return 0.f;
   return ldt(static_cast<const T*>(p.dfin.p), b * p.dfin.s[0] + d * p.dfin.s[1] + j * p.dfin.s[2]);
+}
+
+// A block's sums for channel d (dweight's W, then dbias): its part of the workspace ([part][W + 1][D] floats), or,
+// when the call has one part per channel (plan.direct), dweight and dbias themselves in their dtype.
+template <int W>
+__device__ __forceinline__ void put_part(const Conv1d& p, const Conv1dPlan& plan, float* ws, int64_t part, int64_t d,
+                                         const float* v) {
+  if (plan.direct) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) st(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v[k]);
+    if (p.dbias.p != nullptr) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v[W]);
+    return;
+  }
+  float* wp = ws + part * (W + 1) * p.dim + d;
+#pragma unroll
+  for (int k = 0; k <= W; ++k) wp[k * p.dim] = v[k];
 }
 
 // ---------------------------------------------------------------------------------------------- rows
@@ -219,12 +237,8 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
 #pragma unroll
     for (int k = 0; k <= W; ++k) acc[k] += __shfl_xor_sync(kFullMask, acc[k], off, seg);
   }
-  float* wp = ws + (b * plan.tiles + tile) * (W + 1) * p.dim + d;
   if (rt <= 32) {
-    if (live && tid % rt == 0) {
-#pragma unroll
-      for (int k = 0; k <= W; ++k) wp[k * p.dim] = acc[k];
-    }
+    if (live && tid % rt == 0) put_part<W>(p, plan, ws, b * plan.tiles + tile, d, acc);
     return;
   }
   __shared__ float red[kThreads / 32][W + 1];
@@ -239,8 +253,9 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
     for (int k = 0; k <= W; ++k) {
       float v = red[w0][k];
       for (int j = 1; j < nw; ++j) v += red[w0 + j][k];
-      wp[k * p.dim] = v;
+      acc[k] = v;
     }
+    put_part<W>(p, plan, ws, b * plan.tiles + tile, d, acc);
   }
 }
 
@@ -303,8 +318,8 @@ __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, in
 }
 
 // A plain call's walk over steps [q.tb, q.te + W-1). The steady part [q.tb + W-1, q.te), where every step both sums
-// and emits, runs in groups of U steps with all their x and dout loads in flight first (kept packed); the first and
-// last W-1 steps and the remainder go one at a time.
+// and emits, runs in groups of U steps with all their x and dout loads in flight first (kept packed) and no per-step
+// condition; the first W-1 steps, the remainder and the last W-1 steps go in groups with per-step conditions.
 template <typename T, int W, int C, int U>
 __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bool vec, const T* xr, const T* dr,
                                             T* xo, const float (&w)[W][C], const float (&bias)[C],
@@ -316,20 +331,32 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
   const T* fr = p.dfin.p != nullptr && q.te > L - H
                     ? static_cast<const T*>(p.dfin.p) + q.r * p.dfin.s[0] + q.d0 * p.dfin.s[1]
                     : nullptr;
-  const auto single = [&](int64_t tt) {
-    float xv[C], dv[C];
-    if (tt < L) {
-      ld_step<T, C>(xr, tt, xts, xcs, q.nc, vec, xv);
-      ld_step<T, C>(dr, tt, dts, dcs, q.nc, vec, dv);
-    } else {
+  // Steps [t, t + n), n <= G, with per-step conditions: their loads first (the walk's first and last steps, and
+  // every step of element IO, so that each group costs one memory latency, not one a step).
+  constexpr int G = H < 2 ? H : 2;  // steps a group at most (registers: W = 4 sits at the 168 cap)
+  const auto group = [&](int64_t t0, int n) {
+    float xv[G][C], dv[G][C];
 #pragma unroll
-      for (int c = 0; c < C; ++c) xv[c] = dv[c] = 0.f;
+    for (int u = 0; u < G; ++u) {
+      if (u < n && t0 + u < L) {
+        ld_step<T, C>(xr, t0 + u, xts, xcs, q.nc, vec, xv[u]);
+        ld_step<T, C>(dr, t0 + u, dts, dcs, q.nc, vec, dv[u]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) xv[u][c] = dv[u][c] = 0.f;
+      }
     }
-    cl_bwd_step<T, W, C>(p, q, tt, xv, dv, tt < q.te, tt - H >= q.tb, vec, xo, fr, w, bias, xh, gh, acc);
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      const int64_t tt = t0 + u;
+      if (u < n)
+        cl_bwd_step<T, W, C>(p, q, tt, xv[u], dv[u], tt < q.te, tt - H >= q.tb, vec, xo, fr, w, bias, xh, gh, acc);
+    }
   };
   int64_t t = q.tb;
-  const int64_t steady = q.tb + H;
-  for (; t < steady && t < tend; ++t) single(t);
+  const int64_t steady = q.tb + H < tend ? q.tb + H : tend;  // the first W-1 steps emit no dx yet
+  for (; t < steady; t += G) group(t, static_cast<int>(steady - t < G ? steady - t : G));
+  t = steady;
   if (vec) {
 #pragma unroll 1
     for (; t + U <= q.te; t += U) {
@@ -348,7 +375,7 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
       }
     }
   }
-  for (; t < tend; ++t) single(t);
+  for (; t < tend; t += G) group(t, static_cast<int>(tend - t < G ? tend - t : G));
 }
 
 // At most 168 registers (3 blocks per SM): unbounded, the 4-step groups' scheduling took up to 161 (bf16, W = 4,
@@ -515,18 +542,18 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
     for (int k = 0; k <= W; ++k) red[grp][lane][c * (W + 1) + k] = acc[c][k];
   __syncthreads();
   if (grp == 0 && q.d0 < p.dim) {
-    float* wp = ws + (q.r * plan.tiles + q.tile) * (W + 1) * p.dim + q.d0;
     const int nc = static_cast<int>(p.dim - q.d0 < C ? p.dim - q.d0 : C);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (c >= nc) break;
+      float v[W + 1];
 #pragma unroll
       for (int k = 0; k <= W; ++k) {
-        float v = red[0][lane][c * (W + 1) + k];
+        v[k] = red[0][lane][c * (W + 1) + k];
 #pragma unroll
-        for (int j = 1; j < G; ++j) v += red[j][lane][c * (W + 1) + k];
-        wp[k * p.dim + c] = v;
+        for (int j = 1; j < G; ++j) v[k] += red[j][lane][c * (W + 1) + k];
       }
+      put_part<W>(p, plan, ws, q.r * plan.tiles + q.tile, q.d0 + c, v);
     }
   }
 }

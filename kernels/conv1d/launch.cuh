@@ -59,7 +59,7 @@ template <typename T>
 Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l) {
   const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
   float* ws = static_cast<float*>(l.workspace);
-  if (plan.parts > 0 && ws == nullptr)
+  if (plan.workspace > 0 && ws == nullptr)
     return fail(SELSCAN_STATUS_INTERNAL, "conv1d backward: the plan's workspace is missing");
   if (plan.blocks > 0) {
     const dim3 grid(static_cast<unsigned>(plan.blocks));
@@ -71,9 +71,12 @@ Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     if (!ok) return bad_width("conv1d backward", p.width);
     if (Status st = launch_status("conv1d backward"); st != SELSCAN_STATUS_SUCCESS) return st;
   }
-  const int64_t fblocks = (p.dim + 31) / 32;
-  bwd_finalize<T><<<static_cast<unsigned>(fblocks), kFinalizeThreads, 0, s>>>(p, plan.blocks > 0 ? plan.parts : 0, ws);
-  if (Status st = launch_status("conv1d backward (dweight)"); st != SELSCAN_STATUS_SUCCESS) return st;
+  if (!plan.direct) {  // an empty call (no main kernel) writes zeros here
+    const int64_t fblocks = (p.dim + 31) / 32;
+    bwd_finalize<T><<<static_cast<unsigned>(fblocks), kFinalizeThreads, 0, s>>>(p, plan.blocks > 0 ? plan.parts : 0,
+                                                                              ws);
+    if (Status st = launch_status("conv1d backward (dweight)"); st != SELSCAN_STATUS_SUCCESS) return st;
+  }
   if (plan.states && p.batch * p.dim > 0) {
     bwd_dinit<T><<<stride_grid(p.batch * p.dim), kThreads, 0, s>>>(p);
     if (Status st = launch_status("conv1d backward (dinitial_states)"); st != SELSCAN_STATUS_SUCCESS) return st;

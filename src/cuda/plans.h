@@ -244,6 +244,7 @@ struct Conv1dPlan {
   int64_t blocks = 0;        // grid.x (<= 2^31 - 1)
   bool states = false;       // forward: the states kernel follows (final_states, conv_states); backward: dinitial
   int64_t parts = 0;         // backward: partial sums of dweight/dbias per channel, summed in order by the finalize
+  bool direct = false;       // backward, one part (one row, one tile): the main kernel writes dweight/dbias itself
   size_t workspace = 0;      // backward: bytes (the partials); 0 otherwise
 };
 

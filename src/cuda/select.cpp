@@ -343,6 +343,11 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
         pl->chunk = c;
         break;
       }
+    // A one-row backward short enough for one block's walks takes one time tile: one part per channel, which the
+    // main kernel writes itself (no finalize launch, about as long as such a call's whole kernel).
+    if (bwd && rows == 1 && p.seqlen <= kClGroups * kConv1dClChunks[0])
+      pl->chunk = std::max<int64_t>(kConv1dClChunks[std::size(kConv1dClChunks) - 1],
+                                    ceil_div(ceil_div(p.seqlen, kClGroups), 4) * 4);
     pl->tiles = ceil_div(p.seqlen, pl->chunk * kClGroups);
     pl->blocks = rows * ceil_div(p.dim, int64_t{kClLanes} * pl->items) * pl->tiles;
   } else {
@@ -391,8 +396,10 @@ Status plan_conv1d_bwd(const Conv1d& p, const DeviceProps& dev, Conv1dPlan* out)
   // tile (channel-last) leaves one partial per channel: [parts][W + 1][D] floats (dweight's W, then dbias), which
   // the finalize kernel sums in a fixed order.
   pl.parts = p.rows() * pl.tiles;
-  pl.workspace = align_up(static_cast<size_t>(pl.parts) * static_cast<size_t>(p.width + 1) *
-                          static_cast<size_t>(p.dim) * sizeof(float));
+  pl.direct = pl.parts == 1 && pl.blocks > 0;
+  pl.workspace = pl.direct ? 0
+                           : align_up(static_cast<size_t>(pl.parts) * static_cast<size_t>(p.width + 1) *
+                                      static_cast<size_t>(p.dim) * sizeof(float));
   *out = pl;
   return SELSCAN_STATUS_SUCCESS;
 }

@@ -179,6 +179,27 @@ TEST(Conv1dPlan, BackwardWorkspaceHoldsEveryPartial) {
   EXPECT_EQ(bwd(p).parts, bwd(p).tiles);
 }
 
+TEST(Conv1dPlan, OnePartPerChannelWritesTheWeightGradientsDirectly) {
+  // One row in one tile: the main kernel writes dweight/dbias, no workspace, no finalize launch.
+  for (Layout layout : {Layout::channel_first, Layout::channel_last}) {
+    const Conv1dPlan small = bwd(dense(1, 1536, 64, layout));
+    EXPECT_EQ(small.tiles, 1);
+    EXPECT_TRUE(small.direct);
+    EXPECT_EQ(small.workspace, 0u);
+    const Conv1dPlan two_rows = bwd(dense(2, 1536, 64, layout));
+    EXPECT_FALSE(two_rows.direct);
+    EXPECT_GT(two_rows.workspace, 0u);
+  }
+  // A channel-last row just past one block's walks: several tiles, partials.
+  const Conv1dPlan longer = bwd(dense(1, 1536, 4 * 64 + 1, Layout::channel_last));
+  EXPECT_GT(longer.tiles, 1);
+  EXPECT_FALSE(longer.direct);
+  // Channel-first rows up to a block's run are one tile.
+  EXPECT_TRUE(bwd(dense(1, 64, 2048, Layout::channel_first)).direct);
+  EXPECT_FALSE(bwd(dense(1, 64, 2049, Layout::channel_first)).direct);
+  EXPECT_FALSE(fwd(dense(1, 64, 64, Layout::channel_first)).direct);  // forward: no gradients
+}
+
 TEST(Conv1dPlan, UpdateCoversEveryChannelOfEverySequence) {
   Conv1dUpdate u{};
   u.batch = 3, u.dim = 300, u.tokens = 1, u.width = 4, u.state_len = 3, u.slots = 3;
