@@ -361,6 +361,8 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
     pl->tiles = ceil_div(p.seqlen, pl->chunk);
     pl->blocks = ceil_div(rows * p.dim, kThreads / rt) * pl->tiles;
   }
+  // No packed sequence: no step belongs to one (the kernels would look up cu_seqlens[1]).
+  if (p.varlen && p.batch == 0) pl->blocks = 0;
   return pl->blocks <= kMaxGridBlocks;
 }
 

@@ -177,6 +177,11 @@ TEST(Conv1dPlan, BackwardWorkspaceHoldsEveryPartial) {
   Conv1d p = dense(1, 40, 3000, Layout::channel_first);
   p.batch = 5, p.varlen = true;
   EXPECT_EQ(bwd(p).parts, bwd(p).tiles);
+  // No packed sequence at all: no main kernel (the finalize writes zero gradients).
+  p.batch = 0;
+  EXPECT_EQ(fwd(p).blocks, 0);
+  EXPECT_EQ(bwd(p).blocks, 0);
+  EXPECT_FALSE(bwd(p).direct);
 }
 
 TEST(Conv1dPlan, OnePartPerChannelWritesTheWeightGradientsDirectly) {
