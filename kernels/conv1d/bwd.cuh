@@ -81,7 +81,11 @@ __device__ __forceinline__ void put_part(const Conv1d& p, const Conv1dPlan& plan
 }
 
 // ---------------------------------------------------------------------------------------------- rows
-template <typename T, int W>
+// The backward's calls without per-step sequence logic (no packed sequences, no seq_idx): kPlain (plain_call says
+// why the instances).
+SELSCAN_HD inline bool plain_bwd(const Conv1d& p) { return !p.varlen && p.seq_idx.p == nullptr; }
+
+template <typename T, int W, bool kPlain>
 __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1dPlan plan, float* ws) {
   constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
   const int rt = plan.row_threads;
@@ -105,17 +109,25 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   float xw[H + I], g[I + H];  // inputs at t0 - H .. t0 + I - 1; g at t0 .. t0 + I + H - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
   load_run<T, I>(dr, t0, L, p.dout.s[2], plan.vec, g);  // dout, turned into g below
-  const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
-#pragma unroll
-  for (int m = 0; m < H; ++m) xw[m] = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
-  if (tid % seg == 0) {
-    Start<T> s0;
-    if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
+  constexpr bool plain = kPlain;  // == plain_bwd(p), chosen by the launcher
+  // What the neighbours cannot give, issued with the run's own loads (load_halo says why): the first lane's W-1
+  // inputs before the run; the last lane's (plain calls) inputs and dout of the W-1 steps past it, whose g it
+  // computes itself.
+  const bool first = tid % seg == 0, last = tid % seg == seg - 1;
+  float hv[H], xa[H], da[H];
+  if (first) load_halo<T, H>(p, xr, t0, xs, plain, b, d, hv);
+  if (last && plain) {
 #pragma unroll
     for (int m = 0; m < H; ++m) {
-      const int64_t pos = t0 - H + m;
-      xw[m] = pos >= 0 ? (pos < L ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
+      const int64_t P = t0 + I + m;
+      xa[m] = P < L ? ldt(xr, P * xs) : 0.f;
+      da[m] = P < L ? ldt(dr, P * p.dout.s[2]) : 0.f;
     }
+  }
+#pragma unroll
+  for (int m = 0; m < H; ++m) {
+    const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
+    xw[m] = first ? hv[m] : v;
   }
 
   float acc[W + 1];
@@ -189,9 +201,19 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
 #pragma unroll
     for (int m = 0; m < H; ++m) tag[I + m] = __shfl_down_sync(kFullMask, tag[m], 1, seg);
   }
-  if (tid % seg == seg - 1) {
+  if (last) {
+    if (plain) {
 #pragma unroll
-    for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, plain, &tag[I + m]);
+      for (int m = 0; m < H; ++m) {  // the inputs of step t0 + I + m: xw's last H - m, then xa's first m + 1
+        float y = bias;
+#pragma unroll
+        for (int k = 0; k < W; ++k) y = fmaf(w[k], m + k < H ? xw[I + m + k] : xa[m + k - H], y);
+        g[I + m] = da[m] * dact(y, p.silu);  // past L: dout 0
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, false, &tag[I + m]);
+    }
   }
 
   float dx[I];
@@ -318,8 +340,9 @@ __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, in
 }
 
 // A plain call's walk over steps [q.tb, q.te + W-1). The steady part [q.tb + W-1, q.te), where every step both sums
-// and emits, runs in groups of U steps with all their x and dout loads in flight first (kept packed) and no per-step
-// condition; the first W-1 steps, the remainder and the last W-1 steps go in groups with per-step conditions.
+// and emits, runs in groups of U steps without per-step conditions, software-pipelined: the next group's x and dout
+// (kept packed) load while the current group computes. The first W-1 steps, the remainder and the last W-1 steps go
+// in small groups with per-step conditions.
 template <typename T, int W, int C, int U>
 __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bool vec, const T* xr, const T* dr,
                                             T* xo, const float (&w)[W][C], const float (&bias)[C],
@@ -357,22 +380,33 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
   const int64_t steady = q.tb + H < tend ? q.tb + H : tend;  // the first W-1 steps emit no dx yet
   for (; t < steady; t += G) group(t, static_cast<int>(steady - t < G ? steady - t : G));
   t = steady;
-  if (vec) {
+  if (vec && t + U <= q.te) {
+    // Software-pipelined: the next group's loads are issued before the current group is computed.
+    Raw<T, C> xc[U], dc[U], xn[U], dn[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      xc[u] = ldraw<T, C>(xr + (t + u) * xts);
+      dc[u] = ldraw<T, C>(dr + (t + u) * dts);
+    }
 #pragma unroll 1
     for (; t + U <= q.te; t += U) {
-      Raw<T, C> xraw[U], draw[U];
+      const bool more = t + 2 * U <= q.te;
+      if (more) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        xraw[u] = ldraw<T, C>(xr + (t + u) * xts);
-        draw[u] = ldraw<T, C>(dr + (t + u) * dts);
+        for (int u = 0; u < U; ++u) {
+          xn[u] = ldraw<T, C>(xr + (t + U + u) * xts);
+          dn[u] = ldraw<T, C>(dr + (t + U + u) * dts);
+        }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float xv[C], dv[C];
-        unpack<T, C>(xraw[u], xv);
-        unpack<T, C>(draw[u], dv);
+        unpack<T, C>(xc[u], xv);
+        unpack<T, C>(dc[u], dv);
         cl_bwd_step<T, W, C>(p, q, t + u, xv, dv, true, true, true, xo, fr, w, bias, xh, gh, acc);
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u) xc[u] = xn[u], dc[u] = dn[u];
     }
   }
   for (; t < tend; t += G) group(t, static_cast<int>(tend - t < G ? tend - t : G));
@@ -429,7 +463,8 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
           for (int c = 0; c < C; ++c) xh[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
         }
       }
-      cl_bwd_walk<T, W, C, 4>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
+      // Groups of 32 bytes of each tensor: 4 steps of 16-bit channels, 2 of fp32 (fp32 at 4 spilled).
+      cl_bwd_walk<T, W, C, 32 / (C * static_cast<int>(sizeof(T)))>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
     } else {
       // seq_idx or packed sequences: one step at a time; tags are seq_idx values or sequence numbers.
       int th[H];  // tags of the H steps before the current one

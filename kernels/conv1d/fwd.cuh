@@ -19,13 +19,32 @@
 
 namespace selscan::kern::conv1d {
 
-// A call that needs no per-step sequence logic: dense rows, at most initial_states (with has_initial_state).
-__device__ __forceinline__ bool plain_call(const Conv1d& p) {
-  return !p.varlen && !(p.seq_idx.p != nullptr) && !(p.cache_indices.p != nullptr) && !(p.conv_states.p != nullptr);
+// A call that needs no per-step sequence logic: dense rows, at most initial_states (with has_initial_state). The
+// row kernels have an instance for these calls (kPlain) and one for the rest: the packed, seq_idx and pool code
+// raised the plain forward from 52 to 66 registers and the backward from 80 to 114 (bf16, W = 4), i.e. 7 instead
+// of 9 and 4 instead of 6 resident blocks per SM, and those bytes in flight are what a plain call's speed is.
+SELSCAN_HD inline bool plain_call(const Conv1d& p) {
+  return !p.varlen && p.seq_idx.p == nullptr && p.cache_indices.p == nullptr && p.conv_states.p == nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------- rows
-template <typename T, int W>
+// The W-1 inputs before a run at t0, for the lane that cannot take them from its neighbour (the first of a warp or
+// of a row): steps before 0 are a plain call's initial state (or 0). Issued right after the run's own loads and
+// before any shuffle, so both latencies overlap: a shuffle of the loaded values waits for them, and loads issued
+// after it would cost the warp a second round trip.
+template <typename T, int H>
+__device__ __forceinline__ void load_halo(const Conv1d& p, const T* xr, int64_t t0, int64_t xs, bool plain,
+                                          int64_t b, int64_t d, float* hv) {
+  Start<T> s0;
+  if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
+#pragma unroll
+  for (int m = 0; m < H; ++m) {
+    const int64_t pos = t0 - H + m;
+    hv[m] = pos >= 0 ? (pos < p.seqlen ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
+  }
+}
+
+template <typename T, int W, bool kPlain>
 __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1dPlan plan) {
   constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
   const int rt = plan.row_threads;
@@ -48,17 +67,14 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   load_weights<W>(p, d, w, &bias);
   float xw[H + I];  // inputs at t0 - H .. t0 + I - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
-  const bool plain = plain_call(p);
+  constexpr bool plain = kPlain;  // == plain_call(p), chosen by the launcher
+  const bool first = tid % seg == 0;
+  float hv[H];
+  if (first) load_halo<T, H>(p, xr, t0, xs, plain, b, d, hv);
 #pragma unroll
-  for (int m = 0; m < H; ++m) xw[m] = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
-  if (tid % seg == 0) {
-    Start<T> s0;  // a plain call's initial states (read by the first lane of a row only)
-    if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
-#pragma unroll
-    for (int m = 0; m < H; ++m) {
-      const int64_t pos = t0 - H + m;
-      xw[m] = pos >= 0 ? (pos < L ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
-    }
+  for (int m = 0; m < H; ++m) {
+    const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
+    xw[m] = first ? hv[m] : v;
   }
 
   float y[I];
@@ -203,8 +219,52 @@ __device__ __forceinline__ void cl_fwd_walk(const Conv1d& p, const ClSpot& q, co
   }
 }
 
+// The vector walk, software-pipelined: the next U steps' loads (64 bytes a thread) are issued before the current U
+// steps are computed and stored, so a thread always has a group in flight instead of alternating between waiting
+// and computing (run 41: the unpipelined walk reached 50% of the floor on 8x1536x2048).
+template <typename T, int W, int C, int U>
+__device__ __forceinline__ void cl_fwd_walk_vec(const Conv1d& p, const ClSpot& q, const T* xr, T* orow, int64_t xts,
+                                                int64_t ots, const float (&w)[W][C], const float (&bias)[C],
+                                                float (&h)[W - 1][C]) {
+  constexpr int H = W - 1;
+  Raw<T, C> cur[U], nxt[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (q.tb + u < q.te) cur[u] = ldraw<T, C>(xr + (q.tb + u) * xts);
+  for (int64_t t = q.tb; t < q.te; t += U) {
+    if (t + U < q.te) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (t + U + u < q.te) nxt[u] = ldraw<T, C>(xr + (t + U + u) * xts);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t + u >= q.te) break;
+      float v[C], o[C];
+      unpack<T, C>(cur[u], v);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float acc = fmaf(w[H][c], v[c], bias[c]);
+#pragma unroll
+        for (int k = 0; k < H; ++k) acc = fmaf(w[k][c], h[k][c], acc);
+        o[c] = act(acc, p.silu);
+      }
+      stvec<T, C>(orow + (t + u) * ots, o);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int k = 0; k + 1 < H; ++k) h[k][c] = h[k + 1][c];
+        h[H - 1][c] = v[c];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = nxt[u];
+  }
+}
+
+// At most 168 registers (3 blocks per SM): the pipelined walk holds two groups of loads.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
+__global__ void __launch_bounds__(kThreads, 3) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
   constexpr int C = cuda::conv1d::kItems, H = W - 1;
   const ClSpot q = cl_spot<C>(p, plan);
   if (!q.live) return;  // no barrier in this kernel
@@ -237,7 +297,8 @@ __global__ void __launch_bounds__(kThreads) fwd_cl(const Conv1d p, const Conv1dP
         for (int c = 0; c < C; ++c) h[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
       }
     }
-    if (vec) cl_fwd_walk<T, W, C, 4, true>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
+    constexpr int U = 64 / (C * static_cast<int>(sizeof(T)));  // steps of 64 bytes: 4 (16-bit), 2 (fp32)
+    if (vec) cl_fwd_walk_vec<T, W, C, U>(p, q, xr, orow, xts, ots, w, bias, h);
     else cl_fwd_walk<T, W, C, 1, false>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
     return;
   }

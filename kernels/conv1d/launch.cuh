@@ -43,7 +43,8 @@ Status launch_fwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) fwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan);
-      else fwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan);
+      else if (plain_call(p)) fwd_rows<T, W, true><<<grid, kThreads, 0, s>>>(p, plan);
+      else fwd_rows<T, W, false><<<grid, kThreads, 0, s>>>(p, plan);
     });
     if (!ok) return bad_width("conv1d forward", p.width);
     if (Status st = launch_status("conv1d forward"); st != SELSCAN_STATUS_SUCCESS) return st;
@@ -66,7 +67,8 @@ Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) bwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
-      else bwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
+      else if (plain_bwd(p)) bwd_rows<T, W, true><<<grid, kThreads, 0, s>>>(p, plan, ws);
+      else bwd_rows<T, W, false><<<grid, kThreads, 0, s>>>(p, plan, ws);
     });
     if (!ok) return bad_width("conv1d backward", p.width);
     if (Status st = launch_status("conv1d backward"); st != SELSCAN_STATUS_SUCCESS) return st;

@@ -20,6 +20,9 @@ __device__ __forceinline__ float ld_state(Dtype t, const void* p, int64_t off) {
   return to_f32(static_cast<const __nv_bfloat16*>(p)[off]);
 }
 
+// State columns held in registers by the shifting update (state_len above it: a loop over the slot).
+constexpr int kRegCols = 8;
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, const Conv1dPlan plan) {
   constexpr int H = W - 1;
@@ -30,6 +33,20 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
   T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
   const int64_t xs = p.x.s[2], os = p.out.s[2], NT = p.tokens;
 
+  // Everything that does not depend on the slot is issued before the slot lookup: the weights, the bias and (up
+  // to kRegCols) the tokens. Loads after a store to the slot could not be hoisted above it, so nothing is read
+  // after the first store.
+  float w[W], bias = p.bias.p != nullptr ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+#pragma unroll
+  for (int k = 0; k < W; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+  const bool xreg = NT <= kRegCols;
+  float xt[kRegCols];
+  if (xreg) {
+#pragma unroll
+    for (int i = 0; i < kRegCols; ++i)
+      if (i < NT) xt[i] = ldt(xr, i * xs);
+  }
+
   int64_t slot = b;
   if (p.indices.p != nullptr) {
     slot = ld_index(p.indices.p, p.idx_i64, b * p.indices.s[0]);
@@ -39,20 +56,18 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
       return;
     }
   }
-  float w[W], bias = p.bias.p != nullptr ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
-#pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
-
   char* sp = static_cast<char*>(p.conv_state.p);
   const int64_t esz = p.state_t == Dtype::f32 ? 4 : 2;
   void* cs = sp + (slot * p.conv_state.s[0] + d * p.conv_state.s[1]) * esz;
   const int64_t sj = p.conv_state.s[2], SL = p.state_len;
   const Dtype stt = p.state_t;
+  const bool circ = p.cache_seqlens.p != nullptr;
 
   float win[W];  // the H inputs before the current token, then the token
-  if (p.cache_seqlens.p != nullptr) {
-    // Circular: the tokens go to columns (c + i) mod SL, the H before them are the window.
-    int64_t c = ld_index(p.cache_seqlens.p, p.seqlens_i64, b * p.cache_seqlens.s[0]) % SL;
+  int64_t c = 0;  // circular: the column of the next token
+  if (circ) {
+    // The tokens go to columns (c + i) mod SL, the H before them are the window.
+    c = ld_index(p.cache_seqlens.p, p.seqlens_i64, b * p.cache_seqlens.s[0]) % SL;
     if (c < 0) c += SL;  // a negative length breaks the contract; stay inside the slot
     int64_t col = c - H;
     while (col < 0) col += SL;
@@ -61,28 +76,31 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
       win[m] = ld_state(stt, cs, col * sj);
       col = col + 1 == SL ? 0 : col + 1;
     }
-    for (int64_t i = 0; i < NT; ++i) {
-      const float xv = ldt(xr, i * xs);
+  } else if (SL <= kRegCols) {
+    // Shift: the window is the last H columns; the state moves left by T and the tokens fill its last columns.
+    // Every column read at once, then the shifted ones written.
+    float old[kRegCols];
+#pragma unroll
+    for (int j = 0; j < kRegCols; ++j)
+      if (j < SL) old[j] = ld_state(stt, cs, j * sj);
+#pragma unroll
+    for (int m = 0; m < H; ++m) win[m] = old[SL - H + m];
+#pragma unroll
+    for (int j = 0; j < kRegCols; ++j)
+      if (j + NT < SL) st(stt, cs, j * sj, old[j + NT]);
+  } else {  // a long state: ascending, column j reads j + T > j, not yet written
+#pragma unroll
+    for (int m = 0; m < H; ++m) win[m] = ld_state(stt, cs, (SL - H + m) * sj);
+    for (int64_t j = 0; j + NT < SL; ++j) st(stt, cs, j * sj, ld_state(stt, cs, (j + NT) * sj));
+  }
+  // Token i: its column (circular: c + i mod SL; shift: SL - T + i where that is a column), its output.
+  const auto token = [&](int64_t i, float xv) {
+    if (circ) {
       st(stt, cs, c * sj, xv);
       c = c + 1 == SL ? 0 : c + 1;
-      win[H] = xv;
-      float acc = bias;
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc = fmaf(w[k], win[k], acc);
-      orow[i * os] = from_f32<T>(act(acc, p.silu));
-#pragma unroll
-      for (int k = 0; k < H; ++k) win[k] = win[k + 1];
+    } else if (SL - NT + i >= 0) {
+      st(stt, cs, (SL - NT + i) * sj, xv);
     }
-    return;
-  }
-  // Shift: the window is the last H columns; the state moves left by T (ascending: column j reads j + T > j, not
-  // yet written) and the tokens fill its last columns.
-#pragma unroll
-  for (int m = 0; m < H; ++m) win[m] = ld_state(stt, cs, (SL - H + m) * sj);
-  for (int64_t j = 0; j + NT < SL; ++j) st(stt, cs, j * sj, ld_state(stt, cs, (j + NT) * sj));
-  for (int64_t i = 0; i < NT; ++i) {
-    const float xv = ldt(xr, i * xs);
-    if (SL - NT + i >= 0) st(stt, cs, (SL - NT + i) * sj, xv);
     win[H] = xv;
     float acc = bias;
 #pragma unroll
@@ -90,6 +108,13 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
     orow[i * os] = from_f32<T>(act(acc, p.silu));
 #pragma unroll
     for (int k = 0; k < H; ++k) win[k] = win[k + 1];
+  };
+  if (xreg) {
+#pragma unroll
+    for (int i = 0; i < kRegCols; ++i)
+      if (i < NT) token(i, xt[i]);
+  } else {
+    for (int64_t i = 0; i < NT; ++i) token(i, ldt(xr, i * xs));
   }
 }
 
