@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "problem.h"
+
 namespace selscan::kern {
 
 // ---------------------------------------------------------------------------------------------- dtypes
@@ -37,6 +39,21 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return __ushort_as_bfloat16(static_cast<unsigned short>(x >> 16));
 #endif
+}
+
+// One value of a tensor whose dtype is known only at run time (f32, f16 or bf16), as float, through the read-only
+// path; and its store, rounded to the dtype. For the small per-call tensors whose dtype a call may choose (the
+// decode step's x, dt, z, B, C; conv1d's weights and bias), where an instance per dtype would not pay.
+__device__ __forceinline__ float ld_dtype(Dtype t, const void* p, int64_t off) {
+  if (t == Dtype::f32) return __ldg(static_cast<const float*>(p) + off);
+  const unsigned short v = __ldg(static_cast<const unsigned short*>(p) + off);
+  return t == Dtype::f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(static_cast<uint32_t>(v) << 16);
+}
+
+__device__ __forceinline__ void st_dtype(Dtype t, void* p, int64_t off, float v) {
+  if (t == Dtype::f32) static_cast<float*>(p)[off] = v;
+  else if (t == Dtype::f16) static_cast<__half*>(p)[off] = from_f32<__half>(v);
+  else static_cast<__nv_bfloat16*>(p)[off] = from_f32<__nv_bfloat16>(v);
 }
 
 // ---------------------------------------------------------------------------------------------- vector IO

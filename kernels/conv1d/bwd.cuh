@@ -71,8 +71,8 @@ __device__ __forceinline__ void put_part(const Conv1d& p, const Conv1dPlan& plan
                                          const float* v) {
   if (plan.direct) {
 #pragma unroll
-    for (int k = 0; k < W; ++k) st(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v[k]);
-    if (p.dbias.p != nullptr) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v[W]);
+    for (int k = 0; k < W; ++k) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v[k]);
+    if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v[W]);
     return;
   }
   float* wp = ws + part * (W + 1) * p.dim + d;
@@ -622,8 +622,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) bwd_finalize(const Conv1d p,
     float v = red[0][k][lane];
 #pragma unroll
     for (int j = 1; j < kWarps; ++j) v += red[j][k][lane];
-    if (k < W1 - 1) st(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
-    else if (p.dbias.p != nullptr) st(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
+    if (k < W1 - 1) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
+    else if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
   }
 }
 
@@ -650,8 +650,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dinit(const Conv1d p) {
       for (int j = 0; j < H; ++j) di[j * p.dinit.s[2]] = from_f32<T>(0.f);
       continue;
     }
-    float w[kMaxH + 1], bias = (p.bias.p != nullptr) ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
-    for (int k = 0; k <= H; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+    float w[kMaxH + 1], bias = (p.bias.p != nullptr) ? ld_dtype(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+    for (int k = 0; k <= H; ++k) w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
     float g[kMaxH] = {0.f, 0.f, 0.f};
     for (int t = 0; t < H && t < len; ++t) {
       float y = bias;

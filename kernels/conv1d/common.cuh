@@ -1,4 +1,4 @@
-// What every conv1d kernel shares: run-time-dtype scalar IO (weights, biases, states, gradients of the weights),
+// What every conv1d kernel shares: scalar IO of itype values (states, gradients; run-time dtypes: io.cuh's ld_dtype),
 // vector IO of a thread's run of itype values, the index tensors of packed calls read on the device, and where the
 // inputs before a sequence's first step come from (initial_states, a conv_states slot, or zeros).
 //
@@ -25,19 +25,6 @@ using cuda::Conv1dPlan;
 constexpr int kThreads = cuda::conv1d::kThreads;
 
 // ---------------------------------------------------------------------------------------------- scalar IO
-// One value of a run-time-dtype tensor (f32, f16 or bf16), as float.
-__device__ __forceinline__ float ld(Dtype t, const void* p, int64_t off) {
-  if (t == Dtype::f32) return __ldg(static_cast<const float*>(p) + off);
-  const unsigned short v = __ldg(static_cast<const unsigned short*>(p) + off);
-  return t == Dtype::f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(static_cast<uint32_t>(v) << 16);
-}
-
-__device__ __forceinline__ void st(Dtype t, void* p, int64_t off, float v) {
-  if (t == Dtype::f32) static_cast<float*>(p)[off] = v;
-  else if (t == Dtype::f16) static_cast<__half*>(p)[off] = from_f32<__half>(v);
-  else static_cast<__nv_bfloat16*>(p)[off] = from_f32<__nv_bfloat16>(v);
-}
-
 // One itype value (plain load: conv_states are read and written in place by the same call).
 template <typename T>
 __device__ __forceinline__ float ldt(const T* p, int64_t off) {
@@ -162,8 +149,8 @@ __device__ __forceinline__ float dact(float y, bool silu) {
 template <int W>
 __device__ __forceinline__ void load_weights(const Conv1d& p, int64_t d, float* w, float* bias) {
 #pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
-  *bias = (p.bias.p != nullptr) ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+  for (int k = 0; k < W; ++k) w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+  *bias = (p.bias.p != nullptr) ? ld_dtype(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
 }
 
 // ---------------------------------------------------------------------------------------------- sequences

@@ -36,9 +36,9 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
   // Everything that does not depend on the slot is issued before the slot lookup: the weights, the bias and (up
   // to kRegCols) the tokens. Loads after a store to the slot could not be hoisted above it, so nothing is read
   // after the first store.
-  float w[W], bias = p.bias.p != nullptr ? ld(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
+  float w[W], bias = p.bias.p != nullptr ? ld_dtype(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
 #pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = ld(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+  for (int k = 0; k < W; ++k) w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
   const bool xreg = NT <= kRegCols;
   float xt[kRegCols];
   if (xreg) {
@@ -87,19 +87,19 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
     for (int m = 0; m < H; ++m) win[m] = old[SL - H + m];
 #pragma unroll
     for (int j = 0; j < kRegCols; ++j)
-      if (j + NT < SL) st(stt, cs, j * sj, old[j + NT]);
+      if (j + NT < SL) st_dtype(stt, cs, j * sj, old[j + NT]);
   } else {  // a long state: ascending, column j reads j + T > j, not yet written
 #pragma unroll
     for (int m = 0; m < H; ++m) win[m] = ld_state(stt, cs, (SL - H + m) * sj);
-    for (int64_t j = 0; j + NT < SL; ++j) st(stt, cs, j * sj, ld_state(stt, cs, (j + NT) * sj));
+    for (int64_t j = 0; j + NT < SL; ++j) st_dtype(stt, cs, j * sj, ld_state(stt, cs, (j + NT) * sj));
   }
   // Token i: its column (circular: c + i mod SL; shift: SL - T + i where that is a column), its output.
   const auto token = [&](int64_t i, float xv) {
     if (circ) {
-      st(stt, cs, c * sj, xv);
+      st_dtype(stt, cs, c * sj, xv);
       c = c + 1 == SL ? 0 : c + 1;
     } else if (SL - NT + i >= 0) {
-      st(stt, cs, (SL - NT + i) * sj, xv);
+      st_dtype(stt, cs, (SL - NT + i) * sj, xv);
     }
     win[H] = xv;
     float acc = bias;

@@ -33,18 +33,6 @@ constexpr int kStatesPerLane = 8;  // the plan's states_per_lane (src/cuda/selec
 constexpr int64_t kMaxGridY = 65535;
 
 // ---------------------------------------------------------------------------------------------- IO
-__device__ __forceinline__ float ld(Dtype t, const void* p, int64_t off) {
-  if (t == Dtype::f32) return __ldg(static_cast<const float*>(p) + off);
-  const unsigned short v = __ldg(static_cast<const unsigned short*>(p) + off);
-  return t == Dtype::f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(static_cast<uint32_t>(v) << 16);
-}
-
-__device__ __forceinline__ void st(Dtype t, void* p, int64_t off, float v) {
-  if (t == Dtype::f32) static_cast<float*>(p)[off] = v;
-  else if (t == Dtype::f16) static_cast<__half*>(p)[off] = from_f32<__half>(v);
-  else static_cast<__nv_bfloat16*>(p)[off] = from_f32<__nv_bfloat16>(v);
-}
-
 // Eight values of a runtime-dtype tensor from element `off` on, `stride` apart, into floats; values at or past
 // `valid` read as 0. `vec`: unit stride and 16-byte aligned (checked on the host), so 16-byte loads.
 __device__ __forceinline__ void ld8(Dtype t, const void* p, int64_t off, int64_t stride, int valid, bool vec,
@@ -62,7 +50,7 @@ __device__ __forceinline__ void ld8(Dtype t, const void* p, int64_t off, int64_t
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kStatesPerLane; ++j) out[j] = j < valid ? ld(t, p, off + j * stride) : 0.f;
+  for (int j = 0; j < kStatesPerLane; ++j) out[j] = j < valid ? ld_dtype(t, p, off + j * stride) : 0.f;
 }
 
 // The slot's states, S = the state dtype: streaming loads and stores (evict-first).
@@ -183,11 +171,11 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
       if (kind[r] == kPad || kind[r] == kBad) {  // no slot to touch
         if (writer)
           for (int64_t t = 0; t < p.tokens; ++t)
-            st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, kind[r] == kPad ? 0.f : __int_as_float(0x7fffffff));
+            st_dtype(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, kind[r] == kPad ? 0.f : __int_as_float(0x7fffffff));
       } else if (kind[r] == kRun) {
         for (int64_t t = 0; t < p.tokens; ++t) {
-          const float x = ld(p.x_t, p.x, b * p.sx[0] + t * p.sx[1] + cx);
-          float dt = ld(p.dt_t, p.dt, b * p.sdt[0] + t * p.sdt[1] + cdt) + bias;
+          const float x = ld_dtype(p.x_t, p.x, b * p.sx[0] + t * p.sx[1] + cx);
+          float dt = ld_dtype(p.dt_t, p.dt, b * p.sdt[0] + t * p.sdt[1] + cdt) + bias;
           if (p.softplus) dt = softplus(dt);
           float Bv[kStatesPerLane], Cv[kStatesPerLane];
           ld8(p.B_t, p.B, b * p.sB[0] + t * p.sB[1] + cB, p.sB[3], valid, plan.vec_B && valid > 0, Bv);
@@ -203,8 +191,8 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
           for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
           if (writer) {
             y = fmaf(Dv, x, y);
-            if (p.z != nullptr) y *= silu(ld(p.z_t, p.z, b * p.sz[0] + t * p.sz[1] + cz));
-            st(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, y);
+            if (p.z != nullptr) y *= silu(ld_dtype(p.z_t, p.z, b * p.sz[0] + t * p.sz[1] + cz));
+            st_dtype(p.x_t, p.out, b * p.sout[0] + t * p.sout[1] + co, y);
           }
         }
         if constexpr (kDst) {
