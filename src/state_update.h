@@ -51,12 +51,11 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 }
 
 // How the CUDA kernel serves a call, decided on the host by plan_state_update (src/cuda/select.h; tested on the
-// CPU): `lanes` adjacent threads per channel (a power of two: dstate / states_per_lane rounded up, at most 32), each
-// owning `states_per_lane` consecutive states; and which tensors allow vector loads of a lane's states (unit state
-// stride, dstate a multiple of states_per_lane, the base and every other stride aligned to the load's width, at
-// most 16 bytes).
+// CPU): `lanes` adjacent threads per channel (a power of two: N / kStatesPerLane rounded up, at most 32), each owning
+// kStatesPerLane consecutive states; and which tensors allow 16-byte loads of a lane's states (unit state stride,
+// dstate a multiple of kStatesPerLane, the base and every other stride on 16-byte boundaries).
 struct StateUpdatePlan {
-  int states_per_lane;  // 8 (the kernel's layout)
+  static constexpr int kStatesPerLane = 8;
   int lanes, lane_bits;
   bool vec_state, vec_A, vec_B, vec_C;
 };

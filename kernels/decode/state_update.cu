@@ -29,7 +29,7 @@ namespace selscan::kern {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kStatesPerLane = 8;  // the plan's states_per_lane (src/cuda/select.cpp)
+constexpr int kStatesPerLane = StateUpdatePlan::kStatesPerLane;
 constexpr int64_t kMaxGridY = 65535;
 
 // ---------------------------------------------------------------------------------------------- IO

@@ -423,41 +423,38 @@ namespace {
 
 int64_t float_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
 
-// Vector loads of a lane's `spl` consecutive elements: unit last stride, whole lanes, and the base and every other
-// stride (`n` of them) on the load's boundary (spl elements, at most 16 bytes: wider runs take several loads).
-bool vec_ok(const void* base, Dtype t, int spl, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
+// 16-byte loads of a lane's kStatesPerLane consecutive elements: unit last stride, whole lanes, and the base and
+// every other stride (`n` of them) on 16-byte boundaries.
+bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
+  constexpr int kLane = StateUpdatePlan::kStatesPerLane;
   const int64_t e = float_bytes(t);
-  const int64_t align = spl * e < 16 ? spl * e : 16;
-  if (last_stride != 1 || dstate % spl != 0) return false;
-  if (reinterpret_cast<uintptr_t>(base) % static_cast<uintptr_t>(align) != 0) return false;
-  // Unsigned: a size-1 dim may carry any stride, and the product's residue survives the wrap (2^64 is a multiple of
-  // the alignment).
+  if (last_stride != 1 || dstate % kLane != 0 || (kLane * e) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  // Unsigned: a size-1 dim may carry any stride, and the product's residue mod 16 survives the wrap (2^64 is a
+  // multiple of 16).
   for (int i = 0; i < n; ++i)
-    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(e)) % static_cast<uint64_t>(align) != 0)
-      return false;
+    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(e)) % 16 != 0) return false;
   return true;
 }
 
 }  // namespace
 
+// 8 states a lane (32 bytes of fp32 state, 16 of 16-bit, a sequence), several sequences a thread
+// (kernels/decode/state_update.cu): 16 bytes a lane and one sequence a thread measured slower at every batch of 16
+// or more (validation/optimisation-log.md).
 StateUpdatePlan plan_state_update(const StateUpdate& p) {
   StateUpdatePlan plan{};
-  // 8 states a lane: 32 bytes of fp32 state (16 of 16-bit) a sequence, several sequences a thread
-  // (kernels/decode/state_update.cu). 16 bytes a lane and one sequence a thread measured slower at every batch of
-  // 16 or more (validation/optimisation-log.md).
-  plan.states_per_lane = 8;
-  const int64_t chunks = (p.dstate + plan.states_per_lane - 1) / plan.states_per_lane;
+  const int64_t chunks = (p.dstate + StateUpdatePlan::kStatesPerLane - 1) / StateUpdatePlan::kStatesPerLane;
   plan.lanes = 1;
   plan.lane_bits = 0;
   while (plan.lanes < chunks) {  // chunks <= 32 for dstate <= 256
     plan.lanes <<= 1;
     ++plan.lane_bits;
   }
-  const int spl = plan.states_per_lane;
-  plan.vec_state = vec_ok(p.state, p.state_t, spl, p.dstate, p.sstate[3], p.sstate, 3);
-  plan.vec_A = vec_ok(p.A, Dtype::f32, spl, p.dstate, p.sA[2], p.sA, 2);
-  plan.vec_B = vec_ok(p.B, p.B_t, spl, p.dstate, p.sB[3], p.sB, 3);
-  plan.vec_C = vec_ok(p.C, p.C_t, spl, p.dstate, p.sC[3], p.sC, 3);
+  plan.vec_state = vec_ok(p.state, p.state_t, p.dstate, p.sstate[3], p.sstate, 3);
+  plan.vec_A = vec_ok(p.A, Dtype::f32, p.dstate, p.sA[2], p.sA, 2);
+  plan.vec_B = vec_ok(p.B, p.B_t, p.dstate, p.sB[3], p.sB, 3);
+  plan.vec_C = vec_ok(p.C, p.C_t, p.dstate, p.sC[3], p.sC, 3);
   return plan;
 }
 

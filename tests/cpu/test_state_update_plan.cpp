@@ -1,6 +1,5 @@
 // The CUDA decode kernel's launch plan (src/cuda/select.cpp, plan_state_update), checked on the CPU: lanes per
-// channel from dstate and the state dtype, and vector loads only where every lane's states are contiguous and
-// aligned to the load's width.
+// channel from dstate, and 16-byte loads only where every lane's states are contiguous and 16-byte aligned.
 #include <gtest/gtest.h>
 
 #include "cuda/select.h"
@@ -35,10 +34,9 @@ TEST(StateUpdatePlan, LanesCoverDstateInPowersOfTwo) {
     s.state_dtype = r.state_dtype;
     StateUpdateCase c = make_state_update_case(s);
     const selscan::StateUpdatePlan plan = plan_of(c);
-    EXPECT_EQ(plan.states_per_lane, 8);
     EXPECT_EQ(plan.lanes, r.lanes) << s.str();
     EXPECT_EQ(1 << plan.lane_bits, plan.lanes);
-    EXPECT_GE(plan.lanes * plan.states_per_lane, r.dstate);
+    EXPECT_GE(plan.lanes * selscan::StateUpdatePlan::kStatesPerLane, r.dstate);
   }
 }
 
