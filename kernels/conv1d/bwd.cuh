@@ -91,14 +91,9 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   const int rt = plan.row_threads;
   const int seg = rt < 32 ? rt : 32;
   const int tid = static_cast<int>(threadIdx.x);
-  const int64_t nrows = p.rows() * p.dim;
-  const int64_t rblk = static_cast<int64_t>(blockIdx.x) / plan.tiles;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) - rblk * plan.tiles;
-  int64_t row = rblk * (kThreads / rt) + tid / rt;
-  const bool live = row < nrows;
-  if (!live) row = nrows - 1;
-  const int64_t b = row / p.dim, d = row - b * p.dim;
-  const int64_t t0 = tile * plan.chunk + static_cast<int64_t>(tid % rt) * I;
+  const RowSpot q = row_spot<I>(p, plan);
+  const bool live = q.live;
+  const int64_t b = q.b, d = q.d, tile = q.tile, t0 = q.t0;
   const int64_t L = p.seqlen;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
   const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
@@ -284,6 +279,22 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
 // ---------------------------------------------------------------------------------------------- channel-last
 // A thread walks steps [tb, te + W-1): at step t it computes g(t) (inputs of the W-1 steps before in registers),
 // and once W-1 steps are behind, dx(t - (W-1)) from g(t - (W-1) .. t) (also in registers).
+// The channel-last walks' histories (inputs and g of the H steps before the current one) move one step on: the
+// current step's inputs xv and g gc join them last.
+template <int H, int C>
+__device__ __forceinline__ void push_history(float (&xh)[H][C], float (&gh)[H][C], const float* xv, const float* gc) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int k = 0; k + 1 < H; ++k) {
+      xh[k][c] = xh[k + 1][c];
+      gh[k][c] = gh[k + 1][c];
+    }
+    xh[H - 1][c] = xv[c];
+    gh[H - 1][c] = gc[c];
+  }
+}
+
 // One step of a plain call's channel-last walk: g at step tt from its inputs (xv, dv) and the W-1 inputs before
 // (xh); the partial sums when `sum` (steps before q.te); the dx of step tt - (W-1) when `emit` (it is complete:
 // g of tt and of the W-1 steps before, gh). Then both histories shift.
@@ -327,16 +338,7 @@ __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, in
     }
     st_step<T, C>(xo, tq, p.dx.s[2], p.dx.s[1], q.nc, vec, o);
   }
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-#pragma unroll
-    for (int k = 0; k + 1 < H; ++k) {
-      xh[k][c] = xh[k + 1][c];
-      gh[k][c] = gh[k + 1][c];
-    }
-    xh[H - 1][c] = xv[c];
-    gh[H - 1][c] = gc[c];
-  }
+  push_history<H, C>(xh, gh, xv, gc);
 }
 
 // A plain call's walk over steps [q.tb, q.te + W-1). The steady part [q.tb + W-1, q.te), where every step both sums
@@ -555,16 +557,7 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
 #pragma unroll
         for (int k = 0; k + 1 < H; ++k) th[k] = th[k + 1];
         th[H - 1] = tc;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-#pragma unroll
-          for (int k = 0; k + 1 < H; ++k) {
-            xh[k][c] = xh[k + 1][c];
-            gh[k][c] = gh[k + 1][c];
-          }
-          xh[H - 1][c] = xv[c];
-          gh[H - 1][c] = gc[c];
-        }
+        push_history<H, C>(xh, gh, xv, gc);
       }
     }
   }

@@ -28,6 +28,28 @@ SELSCAN_HD inline bool plain_call(const Conv1d& p) {
 }
 
 // ---------------------------------------------------------------------------------------------- rows
+// Where a row-kernel thread works (forward and backward): batch row b, channel d, time tile `tile` and its run of I
+// steps from t0. Threads past the last row take a copy of it (they still join the shuffles) and store nothing.
+struct RowSpot {
+  int64_t b, d, tile, t0;
+  bool live;
+};
+template <int I>
+__device__ __forceinline__ RowSpot row_spot(const Conv1d& p, const Conv1dPlan& plan) {
+  RowSpot q;
+  const int rt = plan.row_threads, tid = static_cast<int>(threadIdx.x);
+  const int64_t nrows = p.rows() * p.dim;
+  const int64_t rblk = static_cast<int64_t>(blockIdx.x) / plan.tiles;
+  q.tile = static_cast<int64_t>(blockIdx.x) - rblk * plan.tiles;
+  int64_t row = rblk * (kThreads / rt) + tid / rt;
+  q.live = row < nrows;
+  if (!q.live) row = nrows - 1;
+  q.b = row / p.dim;
+  q.d = row - q.b * p.dim;
+  q.t0 = q.tile * plan.chunk + static_cast<int64_t>(tid % rt) * I;
+  return q;
+}
+
 // The W-1 inputs before a run at t0, for the lane that cannot take them from its neighbour (the first of a warp or
 // of a row): steps before 0 are a plain call's initial state (or 0). Issued right after the run's own loads and
 // before any shuffle, so both latencies overlap: a shuffle of the loaded values waits for them, and loads issued
@@ -50,15 +72,9 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   const int rt = plan.row_threads;
   const int seg = rt < 32 ? rt : 32;  // lanes that exchange halos by shuffle
   const int tid = static_cast<int>(threadIdx.x);
-  const int64_t nrows = p.rows() * p.dim;
-  const int64_t rblk = static_cast<int64_t>(blockIdx.x) / plan.tiles;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) - rblk * plan.tiles;
-  int64_t row = rblk * (kThreads / rt) + tid / rt;
-  // Threads past the last row still take part in the shuffles, on a copy of the last row, and store nothing.
-  const bool live = row < nrows;
-  if (!live) row = nrows - 1;
-  const int64_t b = row / p.dim, d = row - b * p.dim;
-  const int64_t t0 = tile * plan.chunk + static_cast<int64_t>(tid % rt) * I;
+  const RowSpot q = row_spot<I>(p, plan);
+  const bool live = q.live;
+  const int64_t b = q.b, d = q.d, t0 = q.t0;
   const int64_t L = p.seqlen;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
   const int64_t xs = p.x.s[2];
