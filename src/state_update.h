@@ -51,13 +51,26 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 }
 
 // How the CUDA kernel serves a call, decided on the host by plan_state_update (src/cuda/select.h; tested on the
-// CPU): `lanes` adjacent threads per channel (a power of two: N / kStatesPerLane rounded up, at most 32), each owning
-// kStatesPerLane consecutive states; and which tensors allow 16-byte loads of a lane's states (unit state stride,
-// dstate a multiple of kStatesPerLane, the base and every other stride on 16-byte boundaries).
+// CPU). Two kernels (kernels/decode/state_update.cu):
+//   - kLean, the common case: one token, at most 65535 sequences, dstate = lanes * lean_states(state dtype) with
+//     lanes a power of two <= 32 (fp32 state: dstate 4, 8, ..., 128; 16-bit: 8, 16, ..., 256), the state, B and C
+//     contiguous over n and aligned for one load of a lane's values (fp32 B and C only with an fp32 state), A
+//     constant over n (`a_const`: one exp a thread) or aligned likewise. A thread owns one sequence and 16 bytes
+//     of one channel's state.
+//   - kGeneral, everything else: `lanes` adjacent threads per channel (a power of two: N / kStatesPerLane rounded
+//     up, at most 32), each owning kStatesPerLane consecutive states, several sequences a thread; the vec_* flags
+//     say which tensors allow 16-byte loads of a lane's states (unit state stride, dstate a multiple of
+//     kStatesPerLane, the base and every other stride on 16-byte boundaries).
+// For kLean, lanes/lane_bits count its lanes and the vec_* flags are set for every vector load it makes.
 struct StateUpdatePlan {
-  static constexpr int kStatesPerLane = 8;
+  static constexpr int kStatesPerLane = 8;  // kGeneral's
+  // kLean's states a lane: 16 bytes of state.
+  static constexpr int lean_states(Dtype state_t) { return state_t == Dtype::f32 ? 4 : 8; }
+  enum Kernel : int { kGeneral = 0, kLean = 1 };
+  int kernel;
   int lanes, lane_bits;
   bool vec_state, vec_A, vec_B, vec_C;
+  bool a_const;  // kLean: A's stride over n is 0, so exp(A dt) is one value a channel
 };
 
 // Validates the public struct (any accepted struct_size) and fills `out`; every failure records a message that

@@ -1,21 +1,26 @@
-// The decode step (selscan_state_update) on CUDA: one kernel, instantiated per state dtype, and per state dtype once
-// more for calls with dst_state_batch_indices (kDst: the state is written to another slot than the one read). The
-// in-place instances carry no destination code, so a call without destinations runs exactly the kernel it ran
-// before destinations existed.
+// The decode step (selscan_state_update) on CUDA: two kernels, each instantiated per state dtype, and per state dtype
+// once more: the general one for calls with dst_state_batch_indices (kDst: the state is written to another slot than
+// the one read; its in-place instances carry no destination code), the lean one for A constant over n (kAConst).
+// plan_state_update (src/cuda/select.cpp) picks the kernel.
 //
 // The call is memory-bound: per sequence it reads and writes the slot's H*P*N states and reads only O(H*P + N)
-// other values. So the layout serves the state stream:
-//   - a channel (h, p) is served by `lanes` adjacent threads (a power of two, N/8 rounded up, at most 32), each
-//     owning 8 consecutive states: one 32-byte sector of fp32 state (two 16-byte loads) or one 16-byte load of
-//     16-bit state per thread, so a warp's loads and stores cover whole sectors of consecutive channels;
-//   - the state is read once with streaming loads (it is not reused before the next decode step, which comes
-//     after every other layer's states have passed through L2), kept in registers through the T tokens, and
-//     written once with streaming stores; out sums over the channel's lanes with shuffles (no shared memory);
-//   - grid.y walks the sequences (kSeqs per thread), so a block's slot lookups and padding branches are
-//     uniform; grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
-// The lanes and the vector paths are decided on the host (plan_state_update, src/cuda/select.cpp).
+// other values. Both kernels serve the state stream the same way: a channel (h, p) is served by `lanes` adjacent
+// threads (a power of two), each owning consecutive states; the state is read once with streaming loads (it is not
+// reused before the next decode step, which comes after every other layer's states have passed through L2) and
+// written once with streaming stores; out sums over the channel's lanes with shuffles (no shared memory); a block
+// row of the grid (grid.y) serves one sequence (or kSeqs), so a block's slot lookups and padding branches are
+// uniform, and grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
+//
+// state_update_lean, the common case (one token, contiguous aligned state, B and C; see StateUpdatePlan): a thread
+// owns one sequence and 16 bytes of state (4 fp32 or 8 16-bit states) and issues all its loads before it converts
+// any, so it needs 32-40 registers (ptxas) and the SM holds 1536-2048 threads: the bytes in flight come from the
+// number of threads (mamba_ssm's Triton kernel's strategy), not from work per thread. When A is constant over n
+// (Mamba-2's per-head A), exp(A dt) is one exp a thread.
+// state_update_kernel, everything else (several tokens, strided or misaligned tensors, dstate not a whole number
+// of lean lanes): 8 states a lane (one 32-byte sector of fp32 state, one 16-byte load of 16-bit), kSeqs sequences
+// a thread, kept in registers through the T tokens.
 // dt, x, z, B and C are tiny and read through runtime-dtype loads (FLOAT32 or x's dtype each): the only
-// compile-time parameter is the state dtype.
+// compile-time dtype is the state's.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -205,6 +210,160 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
   }
 }
 
+// ---------------------------------------------------------------------------------------------- lean kernel
+// 16 bytes of state a lane: 4 fp32 or 8 16-bit states. The bytes in flight per SM are what the call's speed follows
+// (mamba_ssm's Triton kernel: 16 bytes a thread with fp32 state, 8 with 16-bit, at ~2000 resident threads; its
+// 16-bit-state step takes as long as its fp32 one for half the bytes).
+template <typename S>
+constexpr int kLeanStates = 16 / static_cast<int>(sizeof(S));
+static_assert(kLeanStates<float> == StateUpdatePlan::lean_states(Dtype::f32) &&
+                  kLeanStates<__nv_bfloat16> == StateUpdatePlan::lean_states(Dtype::bf16),
+              "the plan and the kernel must agree on a lean lane's states");
+
+// The lean kernel issues every load before it converts any value: a runtime-dtype load converted where it is
+// loaded makes the thread wait for it before the next load issues (one round trip per input). So the loads below
+// return raw bits (a 32-bit word, or 16-bit values in the low halves) and the conversions come after.
+__device__ __forceinline__ float half_bits_f32(uint32_t v, bool f16) {  // f16 or bf16 bits in the low half of v
+  return f16 ? __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xffffu))) : __uint_as_float(v << 16);
+}
+
+__device__ __forceinline__ uint32_t ld_raw(Dtype t, const void* p, int64_t off) {
+  return t == Dtype::f32 ? __ldg(static_cast<const unsigned*>(p) + off)
+                         : static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + off));
+}
+
+__device__ __forceinline__ float raw_f32(Dtype t, uint32_t v) {
+  return t == Dtype::f32 ? __uint_as_float(v) : half_bits_f32(v, t == Dtype::f16);
+}
+
+// A lane's L consecutive values of B or C from element `off` on (aligned to the load: checked by the plan): 16
+// bytes of f32 (L = 4: fp32 state only) or L * 2 bytes of 16-bit values (with L = 4, in .x and .y).
+template <int L>
+__device__ __forceinline__ uint4 ld_raw_lane(Dtype t, const void* p, int64_t off) {
+  if constexpr (L == 8) {
+    return __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p) + off));
+  } else {
+    if (t == Dtype::f32) return __ldg(reinterpret_cast<const uint4*>(static_cast<const float*>(p) + off));
+    const uint2 r = __ldg(reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(p) + off));
+    return make_uint4(r.x, r.y, 0u, 0u);
+  }
+}
+
+template <int L>
+__device__ __forceinline__ void raw_lane_f32(Dtype t, uint4 r, float* out) {
+  if (L == 4 && t == Dtype::f32) {
+    unpack16<float>(r, out);
+    return;
+  }
+  const bool f16 = t == Dtype::f16;
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < L / 2; ++i) {
+    out[2 * i] = half_bits_f32(w[i], f16);
+    out[2 * i + 1] = half_bits_f32(w[i] >> 16, f16);
+  }
+}
+
+// The slot entry of sequence b in a (b,) index tensor.
+__device__ __forceinline__ int64_t slot_at(const void* idx, bool i64, int64_t stride, int64_t b) {
+  return i64 ? __ldg(static_cast<const long long*>(idx) + b * stride)
+             : static_cast<int64_t>(__ldg(static_cast<const int*>(idx) + b * stride));
+}
+
+// kAConst: A's stride over n is 0 (plan.a_const), one exp a thread; otherwise a lane's A in 16-byte loads and an
+// exp a state. Separate instances because the per-state A costs 4-6 registers (ptxas), and registers are what
+// limits the resident threads. Destinations are a uniform branch: they cost no register.
+// Resident blocks of 128 asked of ptxas: 16 (32 registers, all 2048 threads) where it fits without spilling (fp32
+// state, A constant over n), else 12 (40 registers); left to itself it takes 46-48 for the 16-bit instances.
+template <typename S, bool kAConst>
+constexpr int kLeanMinBlocks = sizeof(S) == 4 && kAConst ? 16 : 12;
+
+template <typename S, bool kAConst>
+__global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S, kAConst>) state_update_lean(const StateUpdate p, const StateUpdatePlan plan) {
+  constexpr int L = kLeanStates<S>;
+  const unsigned P = static_cast<unsigned>(p.headdim);
+  const unsigned channels = static_cast<unsigned>(p.heads) * P;
+  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
+  const unsigned lane = gtid & (plan.lanes - 1);
+  unsigned c = gtid >> plan.lane_bits;
+  // Threads past the last channel still take part in the shuffles (every lane of a warp must), on a copy of the
+  // last channel, and store nothing.
+  const bool live = c < channels;
+  if (!live) c = channels - 1;
+  const unsigned h = c / P, pp = c - h * P;
+  const unsigned n0 = lane * L;
+  const bool writer = live && lane == 0;
+  const int64_t b = blockIdx.y;  // the plan keeps batch within grid.y's limit
+
+  // The slot lookups first (the state's address waits for them), then every input while they are in flight.
+  const int64_t slot = p.idx != nullptr ? slot_at(p.idx, p.idx64, p.sidx, b) : b;
+  const int64_t dslot = p.dst != nullptr ? slot_at(p.dst, p.dst64, p.sdst, b) : slot;
+  const uint32_t x_raw = ld_raw(p.x_t, p.x, b * p.sx[0] + h * p.sx[2] + pp * p.sx[3]);
+  const uint32_t dt_raw = ld_raw(p.dt_t, p.dt, b * p.sdt[0] + h * p.sdt[2] + pp * p.sdt[3]);
+  const unsigned g = h / static_cast<unsigned>(p.heads_per_group);
+  const uint4 B_raw = ld_raw_lane<L>(p.B_t, p.B, b * p.sB[0] + g * p.sB[2] + n0);
+  const uint4 C_raw = ld_raw_lane<L>(p.C_t, p.C, b * p.sC[0] + g * p.sC[2] + n0);
+
+  // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
+  // destination that is padding, but it writes out.
+  int kind = kRun;
+  if (p.idx != nullptr) {
+    if (slot == p.pad_slot) kind = kPad;
+    else if (slot < 0 || slot >= p.slots) kind = kBad;
+  }
+  const bool to_dst = p.dst != nullptr && dslot != p.pad_slot;  // else the slot read, or none
+  if (kind == kRun && to_dst && (dslot < 0 || dslot >= p.slots)) kind = kBad;
+  const int64_t co = b * p.sout[0] + h * p.sout[2] + pp * p.sout[3];
+  if (kind != kRun) {
+    if (writer) st_dtype(p.x_t, p.out, co, kind == kPad ? 0.f : __int_as_float(0x7fffffff));
+    return;
+  }
+  const int64_t cs = h * p.sstate[1] + pp * p.sstate[2] + n0;
+  const uint4 s_raw = __ldcs(reinterpret_cast<const uint4*>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs));
+  // The per-channel weights and the writer's z, issued with the state: they arrive before it (L2 hits), and issued
+  // before the slot lookup they would hold registers through it.
+  const float* A = static_cast<const float*>(p.A) + h * p.sA[0] + pp * p.sA[1];
+  float a[kAConst ? 1 : L];
+  if constexpr (kAConst) a[0] = __ldg(A);
+  else
+#pragma unroll
+    for (int i = 0; i < L / 4; ++i) unpack16<float>(__ldg(reinterpret_cast<const uint4*>(A + n0) + i), a + 4 * i);
+  const float bias =
+      p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + h * p.sbias[0] + pp * p.sbias[1]) : 0.f;
+  // Only a channel's first lane writes out: its D and z.
+  const float Dv =
+      writer && p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + h * p.sD[0] + pp * p.sD[1]) : 0.f;
+  const uint32_t z_raw = writer && p.z != nullptr ? ld_raw(p.z_t, p.z, b * p.sz[0] + h * p.sz[2] + pp * p.sz[3]) : 0u;
+
+  const float x = raw_f32(p.x_t, x_raw);
+  float dt = raw_f32(p.dt_t, dt_raw) + bias;
+  if (p.softplus) dt = softplus(dt);
+  float s[L], Bv[L], Cv[L];
+  unpack16<S>(s_raw, s);
+  raw_lane_f32<L>(p.B_t, B_raw, Bv);
+  raw_lane_f32<L>(p.C_t, C_raw, Cv);
+  const float dtx = dt * x;
+  float y = 0.f;
+  if constexpr (kAConst) {
+    const float dA = exp2_fast(a[0] * kLog2e * dt);
+#pragma unroll
+    for (int j = 0; j < L; ++j) s[j] = fmaf(s[j], dA, Bv[j] * dtx);
+  } else {
+#pragma unroll
+    for (int j = 0; j < L; ++j) s[j] = fmaf(s[j], exp2_fast(a[j] * kLog2e * dt), Bv[j] * dtx);
+  }
+#pragma unroll
+  for (int j = 0; j < L; ++j) y = fmaf(s[j], Cv[j], y);
+  for (int off = plan.lanes >> 1; off > 0; off >>= 1) y += __shfl_xor_sync(kFullMask, y, off);
+  if (writer) {
+    y = fmaf(Dv, x, y);
+    if (p.z != nullptr) y *= silu(raw_f32(p.z_t, z_raw));
+    st_dtype(p.x_t, p.out, co, y);
+  }
+  if (live && (p.dst == nullptr || to_dst))
+    __stcs(reinterpret_cast<uint4*>(static_cast<S*>(p.state) + dslot * p.sstate[0] + cs), pack16<S>(s));
+}
+
 }  // namespace
 }  // namespace selscan::kern
 
@@ -221,8 +380,15 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
   const auto s = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
-    if (p.dst != nullptr) state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
-    else state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    if (plan.kernel == StateUpdatePlan::kLean) {
+      // One sequence a block row (the plan keeps batch <= 65535).
+      if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);
+      else state_update_lean<S, false><<<grid(1), kThreads, 0, s>>>(p, plan);
+    } else if (p.dst != nullptr) {
+      state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    } else {
+      state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
+    }
   };
   switch (p.state_t) {
     case Dtype::f32: launch(float{}); break;

@@ -437,13 +437,53 @@ bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, cons
   return true;
 }
 
+// kLean's loads of a lane's `states` consecutive elements (8 or 16 bytes: one load; A's 32 with 8 states, two):
+// unit last stride, whole lanes, and the base and every other stride on the load's boundary.
+bool lane_vec_ok(const void* base, Dtype t, int64_t dstate, int states, int64_t last_stride, const int64_t* strides,
+                 int n) {
+  const int64_t bytes = states * float_bytes(t);
+  const uint64_t align = static_cast<uint64_t>(bytes < 16 ? bytes : 16);
+  if (last_stride != 1 || dstate % states != 0) return false;
+  if (reinterpret_cast<uintptr_t>(base) % align != 0) return false;
+  for (int i = 0; i < n; ++i)  // unsigned, as in vec_ok (align divides 2^64)
+    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(float_bytes(t))) % align != 0) return false;
+  return true;
+}
+
+// The lean kernel's plan, when the call is its case (see StateUpdatePlan); false otherwise.
+bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
+  const int states = StateUpdatePlan::lean_states(p.state_t);
+  // One sequence a block row: grid.y's limit bounds the batch (larger batches loop in the general kernel).
+  if (p.tokens != 1 || p.batch > 65535 || p.dstate % states != 0) return false;
+  // A lane's B and C in one load of at most 16 bytes: fp32 B or C only with 4 states a lane (an fp32 state).
+  if (p.state_t != Dtype::f32 && (p.B_t == Dtype::f32 || p.C_t == Dtype::f32)) return false;
+  const int64_t lanes = p.dstate / states;
+  if (lanes > 32 || (lanes & (lanes - 1)) != 0) return false;
+  if (!lane_vec_ok(p.state, p.state_t, p.dstate, states, p.sstate[3], p.sstate, 3) ||
+      !lane_vec_ok(p.B, p.B_t, p.dstate, states, p.sB[3], p.sB, 3) ||
+      !lane_vec_ok(p.C, p.C_t, p.dstate, states, p.sC[3], p.sC, 3))
+    return false;
+  const bool a_const = p.sA[2] == 0;
+  if (!a_const && !lane_vec_ok(p.A, Dtype::f32, p.dstate, states, p.sA[2], p.sA, 2)) return false;
+  plan->kernel = StateUpdatePlan::kLean;
+  plan->lanes = static_cast<int>(lanes);
+  plan->lane_bits = 0;
+  while ((1 << plan->lane_bits) < lanes) ++plan->lane_bits;
+  plan->vec_state = plan->vec_B = plan->vec_C = true;
+  plan->vec_A = !a_const;
+  plan->a_const = a_const;
+  return true;
+}
+
 }  // namespace
 
-// 8 states a lane (32 bytes of fp32 state, 16 of 16-bit, a sequence), several sequences a thread
-// (kernels/decode/state_update.cu): 16 bytes a lane and one sequence a thread measured slower at every batch of 16
-// or more (validation/optimisation-log.md).
+// The lean kernel where the call allows it: a thread per (sequence, channel, 16 bytes of state), few registers and
+// many resident threads, as mamba_ssm's Triton kernel. Otherwise the general kernel: 8 states a lane (32 bytes of fp32
+// state, 16 of 16-bit, a sequence), several sequences a thread (kernels/decode/state_update.cu).
 StateUpdatePlan plan_state_update(const StateUpdate& p) {
   StateUpdatePlan plan{};
+  if (plan_lean(p, &plan)) return plan;
+  plan.kernel = StateUpdatePlan::kGeneral;
   const int64_t chunks = (p.dstate + StateUpdatePlan::kStatesPerLane - 1) / StateUpdatePlan::kStatesPerLane;
   plan.lanes = 1;
   plan.lane_bits = 0;

@@ -1,5 +1,7 @@
-// The CUDA decode kernel's launch plan (src/cuda/select.cpp, plan_state_update), checked on the CPU: lanes per
-// channel from dstate, and 16-byte loads only where every lane's states are contiguous and 16-byte aligned.
+// The CUDA decode kernel's launch plan (src/cuda/select.cpp, plan_state_update), checked on the CPU: which calls the
+// lean kernel takes (one token, whole power-of-two lanes of 16 bytes of state, contiguous aligned state/B/C, A
+// constant over n or aligned) and which the general one; lanes per channel from dstate; and the general kernel's
+// 16-byte loads only where every lane's states are contiguous and 16-byte aligned.
 #include <gtest/gtest.h>
 
 #include "cuda/select.h"
@@ -18,7 +20,9 @@ selscan::StateUpdatePlan plan_of(StateUpdateCase& c, int64_t shift = 0) {
   return selscan::cuda::plan_state_update(p);
 }
 
-TEST(StateUpdatePlan, LanesCoverDstateInPowersOfTwo) {
+constexpr int kLean = selscan::StateUpdatePlan::kLean, kGeneral = selscan::StateUpdatePlan::kGeneral;
+
+TEST(StateUpdatePlan, GeneralLanesCoverDstateInPowersOfTwo) {
   const struct {
     int32_t state_dtype;
     int64_t dstate;
@@ -32,12 +36,104 @@ TEST(StateUpdatePlan, LanesCoverDstateInPowersOfTwo) {
     s.dstate = r.dstate;
     s.itype = r.state_dtype;
     s.state_dtype = r.state_dtype;
+    s.tokens = 2;  // the lean kernel takes one token
     StateUpdateCase c = make_state_update_case(s);
     const selscan::StateUpdatePlan plan = plan_of(c);
+    EXPECT_EQ(plan.kernel, kGeneral) << s.str();
     EXPECT_EQ(plan.lanes, r.lanes) << s.str();
     EXPECT_EQ(1 << plan.lane_bits, plan.lanes);
     EXPECT_GE(plan.lanes * selscan::StateUpdatePlan::kStatesPerLane, r.dstate);
   }
+}
+
+// One token, contiguous and aligned: the lean kernel wherever dstate is a power-of-two number (<= 32) of lanes of
+// 16 bytes of state (4 fp32 or 8 16-bit states), for every state dtype, in both forms, with or without a pool and
+// destinations.
+TEST(StateUpdatePlan, LeanWhereDstateIsWholeLanes) {
+  const struct {
+    int64_t dstate;
+    int lanes_f32, lanes_16;  // 0: the general kernel
+  } rows[] = {{1, 0, 0},  {2, 0, 0},   {4, 1, 0},    {8, 2, 1},   {12, 0, 0},  {16, 4, 2},
+              {24, 0, 0}, {64, 16, 8}, {128, 32, 16}, {200, 0, 0}, {256, 0, 32}};
+  for (const auto& r : rows)
+    for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16})
+      for (bool heads : {false, true}) {
+        const bool f32 = sd == SELSCAN_DTYPE_FLOAT32;
+        const int lanes = f32 ? r.lanes_f32 : r.lanes_16;
+        StateUpdateSpec s;
+        s.heads = heads, s.headdim = 4, s.dstate = r.dstate, s.state_dtype = sd, s.has_z = true;
+        s.itype = f32 ? SELSCAN_DTYPE_BFLOAT16 : sd;
+        s.pool = 7, s.indices = {5, -1, 2};
+        StateUpdateCase c = make_state_update_case(s);
+        selscan::StateUpdatePlan plan = plan_of(c);
+        EXPECT_EQ(plan.kernel, lanes > 0 ? kLean : kGeneral) << s.str();
+        if (lanes == 0) continue;
+        EXPECT_EQ(plan.lanes, lanes) << s.str();
+        EXPECT_EQ(1 << plan.lane_bits, plan.lanes) << s.str();
+        EXPECT_EQ(plan.lanes * selscan::StateUpdatePlan::lean_states(f32 ? selscan::Dtype::f32 : selscan::Dtype::bf16),
+                  r.dstate);
+        EXPECT_FALSE(plan.a_const) << s.str();  // A (.., N) contiguous: an exp a state
+        EXPECT_TRUE(plan.vec_state && plan.vec_A && plan.vec_B && plan.vec_C) << s.str();
+
+        s.dst = {6, 0, 4};  // destinations keep the lean kernel
+        c = make_state_update_case(s);
+        EXPECT_EQ(plan_of(c).kernel, kLean) << s.str();
+
+        s.dst.clear();  // fp32 B and C: one 16-byte load of 4 states' with an fp32 state; 32 bytes with 8 16-bit ones
+        s.bc_dtype = SELSCAN_DTYPE_FLOAT32;
+        c = make_state_update_case(s);
+        EXPECT_EQ(plan_of(c).kernel, f32 ? kLean : kGeneral) << s.str();
+      }
+}
+
+// Mamba-2's call (A, dt, D, dt_bias broadcast over the head dim, B and C (Bt, 1, N)) and Mamba-1's with a per-channel
+// A: the lean kernel with one exp a thread.
+TEST(StateUpdatePlan, LeanWithAConstantOverN) {
+  for (int64_t N : {16, 128})
+    for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16})
+      for (bool heads : {false, true}) {
+        StateUpdateSpec s;
+        s.heads = heads, s.batch = 4, s.nheads = 6, s.headdim = 8, s.dstate = N, s.groups_dim = true;
+        s.state_dtype = sd, s.itype = sd == SELSCAN_DTYPE_FLOAT32 ? SELSCAN_DTYPE_BFLOAT16 : sd;
+        s.broadcast = true, s.has_z = true, s.pool = 9, s.indices = {8, -1, 3, 0};
+        StateUpdateCase c = make_state_update_case(s);
+        const selscan::StateUpdatePlan plan = plan_of(c);
+        EXPECT_EQ(plan.kernel, kLean) << s.str();
+        EXPECT_EQ(plan.lanes, sd == SELSCAN_DTYPE_FLOAT32 ? N / 4 : N / 8) << s.str();
+        EXPECT_TRUE(plan.a_const) << s.str();
+        EXPECT_FALSE(plan.vec_A) << s.str();
+      }
+}
+
+// What the lean kernel leaves to the general one: several tokens, more than grid.y's 65535 sequences, states or
+// B/C off their load's alignment or not contiguous over n.
+TEST(StateUpdatePlan, GeneralOtherwise) {
+  StateUpdateSpec s;
+  s.heads = true, s.headdim = 4, s.dstate = 16, s.state_dtype = SELSCAN_DTYPE_FLOAT32, s.itype = SELSCAN_DTYPE_BFLOAT16;
+  StateUpdateCase c = make_state_update_case(s);
+  ASSERT_EQ(plan_of(c).kernel, kLean);
+
+  // 4 elements later: the f32 state 16 bytes and the bf16 B and C 8 bytes off, each still on its load's boundary
+  EXPECT_EQ(plan_of(c, 4).kernel, kLean);
+  EXPECT_EQ(plan_of(c, 2).kernel, kGeneral);  // f32 state 8 bytes off a 16-byte load
+  EXPECT_EQ(plan_of(c, 1).kernel, kGeneral);
+
+  selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                         c.idx_storage.data());
+  selscan::StateUpdate p{};
+  ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  p.batch = 65535;
+  EXPECT_EQ(selscan::cuda::plan_state_update(p).kernel, kLean);
+  p.batch = 65536;  // the plan reads the sizes alone: no such tensors are needed
+  EXPECT_EQ(selscan::cuda::plan_state_update(p).kernel, kGeneral);
+
+  s.tokens = 2;
+  c = make_state_update_case(s);
+  EXPECT_EQ(plan_of(c).kernel, kGeneral);
+
+  s.tokens = 1, s.padded = true;  // rows padded by 3 elements
+  c = make_state_update_case(s);
+  EXPECT_EQ(plan_of(c).kernel, kGeneral);
 }
 
 TEST(StateUpdatePlan, VectorLoadsWhereContiguousAndAligned) {

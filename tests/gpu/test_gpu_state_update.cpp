@@ -1,7 +1,8 @@
 // The decode step (selscan_state_update) on CUDA against the float64 oracle: the CPU tests' matrix on device
-// copies (16-byte aligned: the vector paths; one element off: the scalar paths), Mamba-2.8b's width with a pool,
-// Mamba-2's heads shape, serving's prefill-then-decode equivalence with the scan, CUDA-graph capture with the
-// indices changed between replays (no host reads of device data), and a non-default stream.
+// copies (16-byte aligned: the vector paths and, for one token, the lean kernel; one element off: the general
+// kernel's scalar paths), Mamba-2.8b's width with a pool, Mamba-2's heads shape (also as the lean kernel takes it),
+// serving's prefill-then-decode equivalence with the scan, CUDA-graph capture with the indices changed between
+// replays (no host reads of device data), and a non-default stream.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +66,26 @@ TEST(GpuStateUpdateShapes, Mamba2HeadsShape) {
   run_and_check(s, false);
   s.tokens = 4, s.groups = 8, s.seed = 2701;  // speculative decoding with 8 groups
   run_and_check(s, false);
+}
+
+// Mamba-2's call as the lean kernel takes it (StateUpdatePlan.LeanWithAConstantOverN): A, dt, D and dt_bias broadcast
+// over the head dim, one token, at dstate 128 (32 lanes a channel) and 16 (4), every state dtype, a pool with
+// padding and an index outside it, in place and with destinations (one padding, one outside the pool).
+TEST(GpuStateUpdateShapes, Mamba2LeanKernelWithAPool) {
+  REQUIRE_GPU();
+  constexpr int32_t kF32 = SELSCAN_DTYPE_FLOAT32, kF16 = SELSCAN_DTYPE_FLOAT16, kBF16 = SELSCAN_DTYPE_BFLOAT16;
+  uint64_t seed = 3600;
+  for (int64_t N : {128, 16})
+    for (int32_t sd : {kBF16, kF32, kF16})
+      for (bool dst : {false, true}) {
+        StateUpdateSpec s;
+        s.heads = true, s.batch = 12, s.nheads = 80, s.headdim = 64, s.dstate = N, s.groups = 1, s.groups_dim = true;
+        s.state_dtype = sd, s.itype = sd == kF32 ? kBF16 : sd, s.broadcast = true, s.has_z = true, s.pool = 32;
+        s.indices = {3, -1, 17, 30, 0, 9, -1, 32, 22, 5, 11, 27};
+        if (dst) s.dst = {2, 4, 18, -1, 6, 9, 7, 8, 23, 12, 40, 28};
+        s.seed = ++seed;
+        run_and_check(s, false);
+      }
 }
 
 TEST(GpuStateUpdateEquivalence, PrefillThenDecodeEqualsOneScan) {
