@@ -297,10 +297,10 @@ __device__ __forceinline__ void push_history(float (&xh)[H][C], float (&gh)[H][C
 
 // One step of a plain call's channel-last walk: g at step tt from its inputs (xv, dv) and the W-1 inputs before
 // (xh); the partial sums when `sum` (steps before q.te); the dx of step tt - (W-1) when `emit` (it is complete:
-// g of tt and of the W-1 steps before, gh). Then both histories shift.
+// g of tt and of the W-1 steps before, gh), stored at xq (that step's channels). Then both histories shift.
 template <typename T, int W, int C>
 __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, int64_t tt, const float* xv,
-                                            const float* dv, bool sum, bool emit, bool vec, T* xo, const T* fr,
+                                            const float* dv, bool sum, bool emit, bool vec, T* xq, const T* fr,
                                             const float (&w)[W][C], const float (&bias)[C], float (&xh)[W - 1][C],
                                             float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
   constexpr int H = W - 1;
@@ -336,7 +336,7 @@ __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, in
       for (int c = 0; c < C; ++c)
         if (c < q.nc) o[c] += ldt(fr, (tq - (L - H)) * p.dfin.s[2] + c * p.dfin.s[1]);
     }
-    st_step<T, C>(xo, tq, p.dx.s[2], p.dx.s[1], q.nc, vec, o);
+    st_step<T, C>(xq, 0, p.dx.s[2], p.dx.s[1], q.nc, vec, o);
   }
   push_history<H, C>(xh, gh, xv, gc);
 }
@@ -351,14 +351,14 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
                                             float (&xh)[W - 1][C], float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
   constexpr int H = W - 1;
   const int64_t L = p.seqlen, tend = q.te + H;
-  const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
+  const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1], ots = p.dx.s[2];
   // dfinal_states' row, only where this walk reaches the last W-1 steps.
   const T* fr = p.dfin.p != nullptr && q.te > L - H
                     ? static_cast<const T*>(p.dfin.p) + q.r * p.dfin.s[0] + q.d0 * p.dfin.s[1]
                     : nullptr;
   // Steps [t, t + n), n <= G, with per-step conditions: their loads first (the walk's first and last steps, and
   // every step of element IO, so that each group costs one memory latency, not one a step).
-  constexpr int G = H < 2 ? H : 2;  // steps a group at most (registers: W = 4 sits at the 168 cap)
+  constexpr int G = H;  // steps a group at most
   const auto group = [&](int64_t t0, int n) {
     float xv[G][C], dv[G][C];
 #pragma unroll
@@ -375,7 +375,8 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
     for (int u = 0; u < G; ++u) {
       const int64_t tt = t0 + u;
       if (u < n)
-        cl_bwd_step<T, W, C>(p, q, tt, xv[u], dv[u], tt < q.te, tt - H >= q.tb, vec, xo, fr, w, bias, xh, gh, acc);
+        cl_bwd_step<T, W, C>(p, q, tt, xv[u], dv[u], tt < q.te, tt - H >= q.tb, vec, xo + (tt - H) * ots, fr, w, bias,
+                             xh, gh, acc);
     }
   };
   int64_t t = q.tb;
@@ -383,29 +384,33 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
   for (; t < steady; t += G) group(t, static_cast<int>(steady - t < G ? steady - t : G));
   t = steady;
   if (vec && t + U <= q.te) {
-    // Software-pipelined: the next group's loads are issued before the current group is computed.
-    Raw<T, C> xc[U], dc[U], xn[U], dn[U];
+    // Software-pipelined: the next group's loads are issued before the current group is computed. Pointers step by
+    // a stride (px, pd: the next step to load; po: the next dx) instead of holding each step's offset.
+    const T* px = xr + t * xts;
+    const T* pd = dr + t * dts;
+    T* po = xo + (t - H) * ots;
+    ClRaw<T, C> xc[U], dc[U], xn[U], dn[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      xc[u] = ldraw<T, C>(xr + (t + u) * xts);
-      dc[u] = ldraw<T, C>(dr + (t + u) * dts);
+    for (int u = 0; u < U; ++u, px += xts, pd += dts) {
+      xc[u] = cl_ldraw<T, C>(px);
+      dc[u] = cl_ldraw<T, C>(pd);
     }
 #pragma unroll 1
     for (; t + U <= q.te; t += U) {
       const bool more = t + 2 * U <= q.te;
       if (more) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          xn[u] = ldraw<T, C>(xr + (t + U + u) * xts);
-          dn[u] = ldraw<T, C>(dr + (t + U + u) * dts);
+        for (int u = 0; u < U; ++u, px += xts, pd += dts) {
+          xn[u] = cl_ldraw<T, C>(px);
+          dn[u] = cl_ldraw<T, C>(pd);
         }
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < U; ++u, po += ots) {
         float xv[C], dv[C];
-        unpack<T, C>(xc[u], xv);
-        unpack<T, C>(dc[u], dv);
-        cl_bwd_step<T, W, C>(p, q, t + u, xv, dv, true, true, true, xo, fr, w, bias, xh, gh, acc);
+        cl_unpack<T, C>(xc[u], xv);
+        cl_unpack<T, C>(dc[u], dv);
+        cl_bwd_step<T, W, C>(p, q, t + u, xv, dv, true, true, true, po, fr, w, bias, xh, gh, acc);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) xc[u] = xn[u], dc[u] = dn[u];
@@ -414,16 +419,40 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
   for (; t < tend; t += G) group(t, static_cast<int>(tend - t < G ? tend - t : G));
 }
 
-// At most 168 registers (3 blocks per SM): unbounded, the 4-step groups' scheduling took up to 161 (bf16, W = 4,
-// sm_90); capping at 128 spilled (ptxas -v).
+// One value of a block's sums for channel d: dweight[d, k] (k < W) or dbias[d] (k = W) in their dtype when the call
+// has one part per channel (plan.direct), else its part of the workspace ([part][W + 1][D] floats, as put_part).
+template <int W>
+__device__ __forceinline__ void put_one(const Conv1d& p, const Conv1dPlan& plan, float* ws, int64_t part, int64_t d,
+                                        int k, float v) {
+  if (plan.direct) {
+    if (k < W) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
+    else if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
+    return;
+  }
+  ws[(part * (W + 1) + k) * p.dim + d] = v;
+}
+
+// A block: kClBwdLanes lanes of kClBwdItems channels by 8 time groups. At most 102 registers (5 blocks per SM):
+// 96 at every itype and width without spills (ptxas -v, sm_90); capped at 80 (6 blocks), W = 4 spilled.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv1dPlan plan, float* ws) {
+__global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv1dPlan plan, float* ws) {
   constexpr int C = cuda::conv1d::kClBwdItems, H = W - 1;
-  constexpr int G = cuda::conv1d::kClGroups;
+  __shared__ __align__(16) float sw[W + 1][kClCh];
   const ClSpot q = cl_spot<C>(p, plan);
-  const int lane = static_cast<int>(threadIdx.x) & 31, grp = static_cast<int>(threadIdx.x) >> 5;
   const int64_t L = p.seqlen;
   const bool vec = plan.vec;
+  const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
+  const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
+  const T* dr = static_cast<const T*>(p.dout.p) + q.r * p.dout.s[0] + q.d0 * p.dout.s[1];
+  T* xo = static_cast<T*>(p.dx.p) + q.r * p.dx.s[0] + q.d0 * p.dx.s[1];
+  const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
+  const int64_t ots = p.dx.s[2], ocs = p.dx.s[1];
+
+  // A plain call's halo goes out before the weights' loads and barrier: the latencies overlap.
+  float xh[H][C], gh[H][C];  // inputs and g of the H steps before the current one
+  if (plain && q.live) cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, xh);
+  cl_stage_weights<W>(p, q, plan.row_threads * C, sw);
+  __syncthreads();
   float acc[C][W + 1];
 #pragma unroll
   for (int c = 0; c < C; ++c)
@@ -431,42 +460,17 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
     for (int k = 0; k <= W; ++k) acc[c][k] = 0.f;
 
   if (q.live) {
-    const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
-    const T* dr = static_cast<const T*>(p.dout.p) + q.r * p.dout.s[0] + q.d0 * p.dout.s[1];
-    T* xo = static_cast<T*>(p.dx.p) + q.r * p.dx.s[0] + q.d0 * p.dx.s[1];
-    const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
-    const int64_t ots = p.dx.s[2], ocs = p.dx.s[1];
     const int64_t tend = q.te + H;  // steps walked
     float w[W][C], bias[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      float wc[W];
-      load_weights<W>(p, c < q.nc ? q.d0 + c : q.d0, wc, &bias[c]);
-#pragma unroll
-      for (int k = 0; k < W; ++k) w[k][c] = wc[k];
-    }
-    float xh[H][C], gh[H][C];  // inputs and g of the H steps before the current one
+    cl_read_weights<W, C>(sw, q.lane, w, bias);
 #pragma unroll
     for (int m = 0; m < H; ++m)
 #pragma unroll
       for (int c = 0; c < C; ++c) gh[m][c] = 0.f;
-    const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
 
     if (plain) {
-      Start<T> s0;
-      if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
-#pragma unroll
-      for (int m = 0; m < H; ++m) {
-        const int64_t pos = q.tb - H + m;
-        if (pos >= 0) {
-          ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, xh[m]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < C; ++c) xh[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
-        }
-      }
-      // Groups of 32 bytes of each tensor: 4 steps of 16-bit channels, 2 of fp32 (fp32 at 4 spilled).
-      cl_bwd_walk<T, W, C, 32 / (C * static_cast<int>(sizeof(T)))>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
+      constexpr int U = cuda::conv1d::kClBwdBytes / (C * static_cast<int>(sizeof(T)));
+      cl_bwd_walk<T, W, C, U>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
     } else {
       // seq_idx or packed sequences: one step at a time; tags are seq_idx values or sequence numbers.
       int th[H];  // tags of the H steps before the current one
@@ -562,27 +566,25 @@ __global__ void __launch_bounds__(kThreads, 3) bwd_cl(const Conv1d p, const Conv
     }
   }
 
-  // The block's partial per channel: its time groups summed in order.
-  __shared__ float red[G][32][C * (W + 1)];
+  // The block's partial per channel: its time groups summed in order (group 0 first), one value a thread (the
+  // workspace's writes coalesced). Rows of C (W + 1) + 1 floats: an odd stride, no bank conflicts.
+  constexpr int S = C * (W + 1) + 1;
+  __shared__ float red[kThreads][S];
+  const int tid = static_cast<int>(threadIdx.x);
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
-    for (int k = 0; k <= W; ++k) red[grp][lane][c * (W + 1) + k] = acc[c][k];
+    for (int k = 0; k <= W; ++k) red[tid][c * (W + 1) + k] = acc[c][k];
   __syncthreads();
-  if (grp == 0 && q.d0 < p.dim) {
-    const int nc = static_cast<int>(p.dim - q.d0 < C ? p.dim - q.d0 : C);
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c >= nc) break;
-      float v[W + 1];
-#pragma unroll
-      for (int k = 0; k <= W; ++k) {
-        v[k] = red[0][lane][c * (W + 1) + k];
-#pragma unroll
-        for (int j = 1; j < G; ++j) v[k] += red[j][lane][c * (W + 1) + k];
-      }
-      put_part<W>(p, plan, ws, q.r * plan.tiles + q.tile, q.d0 + c, v);
-    }
+  const int lanes = plan.row_threads, nch = lanes * C;
+  const int64_t part = q.r * plan.tiles + q.tile;
+  for (int o = tid; o < nch * (W + 1); o += kThreads) {
+    const int k = o / nch, j = o - k * nch, lane = j / C, c = j - lane * C;
+    const int64_t d = q.dblk + j;
+    if (d >= p.dim) continue;
+    float v = red[lane][c * (W + 1) + k];
+    for (int g = lanes + lane; g < kThreads; g += lanes) v += red[g][c * (W + 1) + k];
+    put_one<W>(p, plan, ws, part, d, k, v);
   }
 }
 

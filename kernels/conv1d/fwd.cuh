@@ -6,8 +6,10 @@
 //               memory, no barrier.
 //               Short rows share a block (row_threads < 128), so a 64-step row does not idle 120 threads. Without
 //               vector IO it serves any strides (the generic kernel).
-//   fwd_cl      channel-last: a thread owns kItems consecutive channels (16 bytes) and walks `chunk` steps with the
-//               W-1 previous inputs in registers, 4 steps' loads in flight; a warp's step is 512 contiguous bytes.
+//   fwd_cl      channel-last: a thread owns kItems consecutive channels (8 bytes of a 16-bit itype) and walks
+//               `chunk` steps with the W-1 previous inputs in registers, the next 32 bytes' loads in flight while the
+//               current ones compute; a warp's step is 256 contiguous bytes. The block's weights are staged once
+//               through shared memory (coalesced loads), and the walk's first loads go out before that barrier.
 //   fwd_states  after either: final_states, and the conv_states pool's new columns (one thread per (sequence,
 //               channel)). A separate launch because a pool slot is read by the main kernel's first steps of its
 //               sequence, which another block may run: the write must wait for every read.
@@ -149,11 +151,50 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
 }
 
 // ---------------------------------------------------------------------------------------------- channel-last
+// A thread's C channels at one step as raw 32-bit words (4, 8 or 16 bytes: one access; kept packed while loads are
+// in flight), and their floats. The base is aligned to the access (checked on the host: src/cuda/select.cpp).
+template <typename T, int C>
+struct ClRaw {
+  static constexpr int kWords = C * static_cast<int>(sizeof(T)) / 4;
+  static_assert(kWords == 1 || kWords == 2 || kWords == 4, "a thread's channels are 4, 8 or 16 bytes");
+  uint32_t w[kWords];
+};
+template <typename T, int C>
+__device__ __forceinline__ ClRaw<T, C> cl_ldraw(const T* p) {
+  ClRaw<T, C> r;
+  if constexpr (ClRaw<T, C>::kWords == 1) {
+    r.w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  } else if constexpr (ClRaw<T, C>::kWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    r.w[0] = v.x, r.w[1] = v.y;
+  } else {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  }
+  return r;
+}
+template <typename T, int C>
+__device__ __forceinline__ void cl_unpack(const ClRaw<T, C>& r, float* out) {
+  constexpr int kPer = sizeof(T) == 4 ? 1 : 2;  // values per word
+#pragma unroll
+  for (int i = 0; i < ClRaw<T, C>::kWords; ++i) unpack_word<T>(r.w[i], out + i * kPer);
+}
+template <typename T, int C>
+__device__ __forceinline__ void cl_stvec(T* p, const float* in) {
+  constexpr int kWords = ClRaw<T, C>::kWords, kPer = sizeof(T) == 4 ? 1 : 2;
+  uint32_t w[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) w[i] = pack_word<T>(in + i * kPer);
+  if constexpr (kWords == 1) *reinterpret_cast<unsigned int*>(p) = w[0];
+  else if constexpr (kWords == 2) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // C channels of one step: a vector when `vec`, else element by element (channels past D read 0, are not written).
 template <typename T, int C>
 __device__ __forceinline__ void ld_step(const T* row, int64_t t, int64_t ts, int64_t cs, int nc, bool vec, float* v) {
   if (vec) {
-    ldvec<T, C>(row + t * ts, v);
+    cl_unpack<T, C>(cl_ldraw<T, C>(row + t * ts), v);
     return;
   }
 #pragma unroll
@@ -162,7 +203,7 @@ __device__ __forceinline__ void ld_step(const T* row, int64_t t, int64_t ts, int
 template <typename T, int C>
 __device__ __forceinline__ void st_step(T* row, int64_t t, int64_t ts, int64_t cs, int nc, bool vec, const float* v) {
   if (vec) {
-    stvec<T, C>(row + t * ts, v);
+    cl_stvec<T, C>(row + t * ts, v);
     return;
   }
 #pragma unroll
@@ -170,94 +211,163 @@ __device__ __forceinline__ void st_step(T* row, int64_t t, int64_t ts, int64_t c
     if (c < nc) row[t * ts + c * cs] = from_f32<T>(v[c]);
 }
 
-// Where a channel-last thread works: row r, channels d0 .. d0 + nc - 1, steps [tb, te).
+// The channel-last kernels' block: plan.row_threads lanes along channels (a power of two <= kClLanes), each C
+// consecutive channels, by kThreads / lanes time groups, each walking plan.chunk steps. At most kClCh channels.
+constexpr int kClCh = cuda::conv1d::kClLanes * cuda::conv1d::kItems;
+template <int C>
+constexpr int log2_items() {
+  static_assert(C == 2 || C == 4 || C == 8, "a channel-last thread owns 2, 4 or 8 channels");
+  return C == 2 ? 1 : (C == 4 ? 2 : 3);
+}
+
+// Where a channel-last thread works: row r, channels d0 .. d0 + nc - 1 (its block's from dblk), steps [tb, te).
+// The block index splits in 32 bits: the grid has fewer than 2^31 blocks, so its tiles and channel tiles fit too.
 struct ClSpot {
-  int64_t r, d0, tb, te, tile;
-  int nc;
+  int64_t r, dblk, d0, tb, te;
+  int tile, lane, nc;
   bool live;
 };
 template <int C>
 __device__ __forceinline__ ClSpot cl_spot(const Conv1d& p, const Conv1dPlan& plan) {
   ClSpot q;
-  const int lane = static_cast<int>(threadIdx.x) & 31, grp = static_cast<int>(threadIdx.x) >> 5;
-  const int64_t ctiles = (p.dim + 32 * C - 1) / (32 * C);
-  int64_t blk = blockIdx.x;
-  q.tile = blk % plan.tiles;
-  blk /= plan.tiles;
-  const int64_t ct = blk % ctiles;
-  q.r = blk / ctiles;
-  q.d0 = (ct * 32 + lane) * C;
-  q.tb = (q.tile * cuda::conv1d::kClGroups + grp) * plan.chunk;
+  constexpr int kLogC = log2_items<C>();
+  const int lb = __ffs(plan.row_threads) - 1;  // log2 of the lanes
+  const int tid = static_cast<int>(threadIdx.x);
+  q.lane = tid & (plan.row_threads - 1);
+  const int grp = tid >> lb;
+  const uint32_t ctiles = static_cast<uint32_t>((p.dim + (int64_t{1} << (lb + kLogC)) - 1) >> (lb + kLogC));
+  const uint32_t tiles = static_cast<uint32_t>(plan.tiles), blk = blockIdx.x;
+  const uint32_t rc = blk / tiles, r = rc / ctiles;
+  q.tile = static_cast<int>(blk - rc * tiles);
+  q.r = r;
+  q.dblk = static_cast<int64_t>(rc - r * ctiles) << (lb + kLogC);
+  q.d0 = q.dblk + (q.lane << kLogC);
+  static_assert(kThreads == 128, "a tile is 128 >> lb time groups");
+  q.tb = ((static_cast<int64_t>(q.tile) << (7 - lb)) + grp) * plan.chunk;
   q.te = q.tb + plan.chunk < p.seqlen ? q.tb + plan.chunk : p.seqlen;
   q.live = q.d0 < p.dim && q.tb < p.seqlen;
   q.nc = q.live ? static_cast<int>(p.dim - q.d0 < C ? p.dim - q.d0 : C) : 0;
   return q;
 }
 
-// A plain call's walk over steps [q.tb, q.te): U steps' loads in flight (kept packed), then their outputs. Vector
-// and element IO are separate instances so the element path's per-channel addresses do not cost the vector path
-// registers.
-template <typename T, int W, int C, int U, bool kVec>
-__device__ __forceinline__ void cl_fwd_walk(const Conv1d& p, const ClSpot& q, const T* xr, T* orow, int64_t xts,
-                                            int64_t xcs, int64_t ots, int64_t ocs, const float (&w)[W][C],
-                                            const float (&bias)[C], float (&h)[W - 1][C]) {
-  constexpr int H = W - 1;
-  for (int64_t t = q.tb; t < q.te; t += U) {
-    Raw<T, C> raw[U];
-    float v[U][C];
+// The block's weights and bias through shared memory, once per block instead of once per thread: consecutive
+// threads load consecutive elements of weight[d, k] (coalesced for a contiguous weight; each thread loading its own
+// channels' touched a sector per lane and load), sw[k][j] = weight[dblk + j, k], sw[W][j] = bias[dblk + j] (0 past
+// D or without bias). Every thread of the block calls it; the caller's barrier follows.
+template <int W>
+__device__ __forceinline__ void cl_stage_weights(const Conv1d& p, const ClSpot& q, int nch, float (*sw)[kClCh]) {
+  constexpr int kPer = (kClCh * W + kThreads - 1) / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+  float v[kPer];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (t + u >= q.te) break;
-      if constexpr (kVec) raw[u] = ldraw<T, C>(xr + (t + u) * xts);
-      else ld_step<T, C>(xr, t + u, xts, xcs, q.nc, false, v[u]);
-    }
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid + i * kThreads, j = e / W, k = e - j * W;
+    v[i] = e < nch * W && q.dblk + j < p.dim
+               ? ld_dtype(p.wtype, p.weight.p, (q.dblk + j) * p.weight.s[0] + k * p.weight.s[1])
+               : 0.f;
+  }
+  static_assert(kClCh <= kThreads, "a thread stages at most one bias");
+  const float bv = tid < nch && q.dblk + tid < p.dim && p.bias.p != nullptr
+                       ? ld_dtype(p.wtype, p.bias.p, (q.dblk + tid) * p.bias.s[0])
+                       : 0.f;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (t + u >= q.te) break;
-      if constexpr (kVec) unpack<T, C>(raw[u], v[u]);
-      float o[C];
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid + i * kThreads, j = e / W, k = e - j * W;
+    if (e < nch * W) sw[k][j] = v[i];
+  }
+  if (tid < nch) sw[W][tid] = bv;
+}
+
+// A thread's C channels' weights and bias from the staged copy (after the barrier).
+template <int W, int C>
+__device__ __forceinline__ void cl_read_weights(const float (*sw)[kClCh], int lane, float (&w)[W][C],
+                                                float (&bias)[C]) {
+  static_assert(C == 2 || C == 4, "read as float2s or float4s");
 #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        float acc = fmaf(w[H][c], v[u][c], bias[c]);
-#pragma unroll
-        for (int k = 0; k < H; ++k) acc = fmaf(w[k][c], h[k][c], acc);
-        o[c] = act(acc, p.silu);
-      }
-      if constexpr (kVec) stvec<T, C>(orow + (t + u) * ots, o);
-      else st_step<T, C>(orow, t + u, ots, ocs, q.nc, false, o);
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-#pragma unroll
-        for (int k = 0; k + 1 < H; ++k) h[k][c] = h[k + 1][c];
-        h[H - 1][c] = v[u][c];
-      }
+  for (int k = 0; k <= W; ++k) {
+    float* dst = k < W ? w[k] : bias;
+    if constexpr (C == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(&sw[k][lane * C]);
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(&sw[k][lane * C]);
+      dst[0] = v.x, dst[1] = v.y;
     }
   }
 }
 
-// The vector walk, software-pipelined: the next U steps' loads (64 bytes a thread) are issued before the current U
-// steps are computed and stored, so a thread always has a group in flight instead of alternating between waiting
-// and computing (run 41: the unpipelined walk reached 50% of the floor on 8x1536x2048).
+// A plain call's H inputs before step q.tb (initial_states, or 0, before step 0).
+template <typename T, int W, int C>
+__device__ __forceinline__ void cl_halo(const Conv1d& p, const ClSpot& q, const T* xr, int64_t xts, int64_t xcs,
+                                        bool vec, float (&h)[W - 1][C]) {
+  constexpr int H = W - 1;
+  Start<T> s0;
+  if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
+#pragma unroll
+  for (int m = 0; m < H; ++m) {
+    const int64_t pos = q.tb - H + m;
+    if (pos >= 0) {
+      ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c) h[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
+    }
+  }
+}
+
+// A plain call's element-IO walk over steps [q.tb, q.te), one step at a time (any strides).
+template <typename T, int W, int C>
+__device__ __forceinline__ void cl_fwd_walk(const Conv1d& p, const ClSpot& q, const T* xr, T* orow, int64_t xts,
+                                            int64_t xcs, int64_t ots, int64_t ocs, const float (&w)[W][C],
+                                            const float (&bias)[C], float (&h)[W - 1][C]) {
+  constexpr int H = W - 1;
+  for (int64_t t = q.tb; t < q.te; ++t) {
+    float v[C], o[C];
+    ld_step<T, C>(xr, t, xts, xcs, q.nc, false, v);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float acc = fmaf(w[H][c], v[c], bias[c]);
+#pragma unroll
+      for (int k = 0; k < H; ++k) acc = fmaf(w[k][c], h[k][c], acc);
+      o[c] = act(acc, p.silu);
+    }
+    st_step<T, C>(orow, t, ots, ocs, q.nc, false, o);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int k = 0; k + 1 < H; ++k) h[k][c] = h[k + 1][c];
+      h[H - 1][c] = v[c];
+    }
+  }
+}
+
+// The vector walk, software-pipelined: the next U steps' loads are issued before the current U steps are computed
+// and stored, so a thread always has a group in flight instead of alternating between waiting and computing (run
+// 41: the unpipelined walk reached 50% of the floor on 8x1536x2048). `cur` holds the first group, issued by the
+// caller before the weights' barrier.
 template <typename T, int W, int C, int U>
 __device__ __forceinline__ void cl_fwd_walk_vec(const Conv1d& p, const ClSpot& q, const T* xr, T* orow, int64_t xts,
                                                 int64_t ots, const float (&w)[W][C], const float (&bias)[C],
-                                                float (&h)[W - 1][C]) {
+                                                float (&h)[W - 1][C], ClRaw<T, C> (&cur)[U]) {
   constexpr int H = W - 1;
-  Raw<T, C> cur[U], nxt[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (q.tb + u < q.te) cur[u] = ldraw<T, C>(xr + (q.tb + u) * xts);
-  for (int64_t t = q.tb; t < q.te; t += U) {
-    if (t + U < q.te) {
+  ClRaw<T, C> nxt[U];
+  // Pointers step by a stride (px: the next group's first step, po: the next output) instead of holding each
+  // step's offset.
+  // Steps counted in 32 bits: a walk is at most plan.chunk steps.
+  const T* px = xr + (q.tb + U) * xts;
+  T* po = orow + q.tb * ots;
+  const int n = static_cast<int>(q.te - q.tb);
+  for (int i = 0; i < n; i += U, px += U * xts) {
+    if (i + U < n) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (t + U + u < q.te) nxt[u] = ldraw<T, C>(xr + (t + U + u) * xts);
+        if (i + U + u < n) nxt[u] = cl_ldraw<T, C>(px + u * xts);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (t + u >= q.te) break;
+    for (int u = 0; u < U; ++u, po += ots) {
+      if (i + u >= n) break;
       float v[C], o[C];
-      unpack<T, C>(cur[u], v);
+      cl_unpack<T, C>(cur[u], v);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         float acc = fmaf(w[H][c], v[c], bias[c]);
@@ -265,7 +375,7 @@ __device__ __forceinline__ void cl_fwd_walk_vec(const Conv1d& p, const ClSpot& q
         for (int k = 0; k < H; ++k) acc = fmaf(w[k][c], h[k][c], acc);
         o[c] = act(acc, p.silu);
       }
-      stvec<T, C>(orow + (t + u) * ots, o);
+      cl_stvec<T, C>(po, o);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
 #pragma unroll
@@ -278,44 +388,46 @@ __device__ __forceinline__ void cl_fwd_walk_vec(const Conv1d& p, const ClSpot& q
   }
 }
 
-// At most 168 registers (3 blocks per SM): the pipelined walk holds two groups of loads.
+// Steps a group of the forward's vector walk: 32 bytes of a thread's channels (4 steps of 16-bit, 2 of fp32).
+template <typename T>
+constexpr int cl_fwd_unroll() {
+  return cuda::conv1d::kClFwdBytes / (cuda::conv1d::kItems * static_cast<int>(sizeof(T)));
+}
+
+// A block: kClLanes lanes of kItems channels by 4 time groups. At most 80 registers (6 blocks per SM): 72-80, W = 4
+// with a few bytes of spills (ptxas -v, sm_90: 8-24 bytes, two reloads a 4-step group).
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, 3) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
-  constexpr int C = cuda::conv1d::kItems, H = W - 1;
+__global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
+  constexpr int C = cuda::conv1d::kItems, H = W - 1, U = cl_fwd_unroll<T>();
+  __shared__ __align__(16) float sw[W + 1][kClCh];
   const ClSpot q = cl_spot<C>(p, plan);
-  if (!q.live) return;  // no barrier in this kernel
   const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
   T* orow = static_cast<T*>(p.out.p) + q.r * p.out.s[0] + q.d0 * p.out.s[1];
   const int64_t xts = p.x.s[2], xcs = p.x.s[1], ots = p.out.s[2], ocs = p.out.s[1];
   const bool vec = plan.vec;
-
-  float w[W][C], bias[C];
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    float wc[W];
-    load_weights<W>(p, c < q.nc ? q.d0 + c : q.d0, wc, &bias[c]);
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k][c] = wc[k];
-  }
-  float h[H][C];  // inputs at the H steps before the current one
   const bool plain = plain_call(p);
 
-  if (plain) {
-    Start<T> s0;
-    if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
+  // A plain call's halo and first group of loads go out before the weights' loads and barrier: the latencies
+  // overlap.
+  float h[H][C];  // inputs at the H steps before the current one
+  ClRaw<T, C> cur[U];
+  if (plain && q.live) {
+    cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, h);
+    if (vec) {
 #pragma unroll
-    for (int m = 0; m < H; ++m) {
-      const int64_t pos = q.tb - H + m;
-      if (pos >= 0) {
-        ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
-      } else {
-#pragma unroll
-        for (int c = 0; c < C; ++c) h[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
-      }
+      for (int u = 0; u < U; ++u)
+        if (q.tb + u < q.te) cur[u] = cl_ldraw<T, C>(xr + (q.tb + u) * xts);
     }
-    constexpr int U = 64 / (C * static_cast<int>(sizeof(T)));  // steps of 64 bytes: 4 (16-bit), 2 (fp32)
-    if (vec) cl_fwd_walk_vec<T, W, C, U>(p, q, xr, orow, xts, ots, w, bias, h);
-    else cl_fwd_walk<T, W, C, 1, false>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
+  }
+  cl_stage_weights<W>(p, q, plan.row_threads * C, sw);
+  __syncthreads();
+  if (!q.live) return;  // no barrier below
+  float w[W][C], bias[C];
+  cl_read_weights<W, C>(sw, q.lane, w, bias);
+
+  if (plain) {
+    if (vec) cl_fwd_walk_vec<T, W, C, U>(p, q, xr, orow, xts, ots, w, bias, h, cur);
+    else cl_fwd_walk<T, W, C>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
     return;
   }
 

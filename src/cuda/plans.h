@@ -212,19 +212,26 @@ struct BwdPlan {
 // ---------------------------------------------------------------- causal depthwise conv1d (kernels/conv1d/)
 // Which kernel serves a conv1d call and its launch shape; filled by plan_conv1d_* (src/cuda/select.cpp).
 namespace conv1d {
-// Channels a thread of the channel-last forward owns: 16 bytes of a 16-bit itype, 32 of fp32.
-constexpr int kItems = 8;
+// Channels a thread of the channel-last forward owns: 8 bytes of a 16-bit itype, 16 of fp32 (8 channels took it to
+// 141 registers, 3 blocks per SM: too few bytes in flight).
+constexpr int kItems = 4;
 // Steps a thread of the row kernels owns: 32 bytes of its row (two 16-byte loads in flight per tensor).
 constexpr int kRowBytes = 32;
 SELSCAN_HD constexpr int row_items(Dtype t) { return kRowBytes / (t == Dtype::f32 ? 4 : 2); }
 constexpr int kThreads = 128;  // threads per block of the main kernels
-// Channel-last kernels: a block is kClLanes threads along channels (kClLanes * items channels) by
-// kThreads / kClLanes time groups, each walking `chunk` steps. The forward's thread owns kItems channels; the
-// backward's kClBwdItems: it keeps two histories (inputs, gradients) and W + 1 partial sums per channel, and 8
-// channels would need about 170 registers.
+// Channel-last kernels: a block is row_threads lanes along channels (row_threads * items channels) by
+// kThreads / row_threads time groups, each walking `chunk` steps. The forward: kClLanes lanes of kItems channels
+// (a warp's step is 256 contiguous bytes of a 16-bit itype). The backward keeps two histories (inputs, gradients)
+// and W + 1 partial sums per channel: kClBwdItems channels a thread (4 took 159 registers at W = 4), kClBwdLanes
+// lanes (64 contiguous bytes of a 16-bit itype a step) by 8 time groups (a block's tile is 2x longer than with 32
+// lanes: half the dweight/dbias partials). kClLanes * kItems channels is the most a block stages (weights).
 constexpr int kClLanes = 32;
-constexpr int kClGroups = kThreads / kClLanes;
-constexpr int kClBwdItems = 4;
+constexpr int kClBwdLanes = 16;
+constexpr int kClBwdItems = 2;
+// Bytes of a thread's channels a group of the vector walks loads per tensor: the forward 32 (4 steps of 16-bit, 2
+// of fp32), the backward 16 (x and dout: 8 steps of 16-bit, 4 of fp32).
+constexpr int kClFwdBytes = 32;
+constexpr int kClBwdBytes = 16;
 }  // namespace conv1d
 
 enum class Conv1dKernel : int {

@@ -295,11 +295,15 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
 // strides), a channel-last kernel, the decode update. validation/optimisation-log.md ("conv1d") has the reasoning.
 namespace {
 
-// Channel-last: the longest per-thread walk (steps; multiples of the kernel's 4-step unroll) that still gives the
-// grid this many threads per SM. Each thread keeps 4 16-byte loads in flight, so a quarter of full occupancy keeps
-// enough bytes moving (design choice; the halo a walk re-reads is 3 / chunk of x).
-constexpr int64_t kConv1dClThreadsPerSm = 1024;
-constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8};
+// Channel-last: the longest per-thread walk (steps) that still gives the grid this many threads per SM, about 1.6
+// waves of the resident ones (forward 6 blocks of 128 per SM, backward 5), so the last wave's tail costs little
+// (design choice; a walk re-reads the W-1 steps before it, and the backward's the W-1 after it). Short rows take
+// 4-step walks: more, shorter walks are what a latency-bound call needs.
+constexpr int64_t kConv1dClFwdThreadsPerSm = 1280;
+constexpr int64_t kConv1dClBwdThreadsPerSm = 1024;
+constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8, 4};
+// A one-row backward whose walks would be at most this long takes one time tile (plan.direct).
+constexpr int64_t kConv1dClDirectChunk = 16;
 
 int64_t conv1d_esize(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
 
@@ -335,21 +339,23 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
     pl->kernel = Conv1dKernel::cl;
     pl->items = bwd ? kClBwdItems : kItems;
     pl->vec = conv1d_vec_ok(p, bwd, 1, pl->items);
-    pl->row_threads = kClLanes;
+    pl->row_threads = bwd ? kClBwdLanes : kClLanes;
+    const int64_t groups = kThreads / pl->row_threads;  // time groups a block
     const int64_t lanes = rows * ceil_div(p.dim, pl->items);
-    pl->chunk = kConv1dClChunks[std::size(kConv1dClChunks) - 1];
+    const int64_t want = (bwd ? kConv1dClBwdThreadsPerSm : kConv1dClFwdThreadsPerSm) * std::max(dev.sms, 1);
+    const int64_t shortest = kConv1dClChunks[std::size(kConv1dClChunks) - 1];
+    pl->chunk = shortest;
     for (int64_t c : kConv1dClChunks)
-      if (lanes * ceil_div(p.seqlen, c) >= kConv1dClThreadsPerSm * std::max(dev.sms, 1)) {
+      if (lanes * ceil_div(p.seqlen, c) >= want) {
         pl->chunk = c;
         break;
       }
     // A one-row backward short enough for one block's walks takes one time tile: one part per channel, which the
     // main kernel writes itself (no finalize launch, about as long as such a call's whole kernel).
-    if (bwd && rows == 1 && p.seqlen <= kClGroups * kConv1dClChunks[0])
-      pl->chunk = std::max<int64_t>(kConv1dClChunks[std::size(kConv1dClChunks) - 1],
-                                    ceil_div(ceil_div(p.seqlen, kClGroups), 4) * 4);
-    pl->tiles = ceil_div(p.seqlen, pl->chunk * kClGroups);
-    pl->blocks = rows * ceil_div(p.dim, int64_t{kClLanes} * pl->items) * pl->tiles;
+    if (bwd && rows == 1 && p.seqlen <= groups * kConv1dClDirectChunk)
+      pl->chunk = std::max(shortest, ceil_div(ceil_div(p.seqlen, groups), 4) * 4);
+    pl->tiles = ceil_div(p.seqlen, pl->chunk * groups);
+    pl->blocks = rows * ceil_div(p.dim, int64_t{pl->row_threads} * pl->items) * pl->tiles;
   } else {
     pl->kernel = Conv1dKernel::rows;
     pl->items = row_items(p.itype);

@@ -120,25 +120,39 @@ TEST(Conv1dPlan, ChannelLastKernel) {
   const Conv1dPlan pl = fwd(p);
   EXPECT_EQ(pl.kernel, Conv1dKernel::cl);
   EXPECT_TRUE(pl.vec);
+  EXPECT_EQ(pl.items, k::kItems);
   EXPECT_EQ(pl.row_threads, k::kClLanes);
   const int64_t groups = k::kThreads / k::kClLanes;
   EXPECT_GE(pl.tiles * pl.chunk * groups, 2048);
+  EXPECT_LT((pl.tiles - 1) * pl.chunk * groups, 2048);
   EXPECT_EQ(pl.blocks, 8 * ((1536 + k::kClLanes * k::kItems - 1) / (k::kClLanes * k::kItems)) * pl.tiles);
-  // The walk is shorter when the grid has few channels, so every SM still gets threads.
-  const Conv1dPlan small = fwd(dense(1, 5120, 512, Layout::channel_last));
-  EXPECT_LE(small.chunk, pl.chunk);
-  const int64_t lanes = 5120 / k::kItems;
-  EXPECT_TRUE(small.chunk == 8 || lanes * (512 / small.chunk) >= 1024 * 132);
-  // The backward's thread owns fewer channels.
+  // The longest walk that leaves the grid 1280 threads per SM: 32 steps (64 would leave 745).
+  EXPECT_EQ(pl.chunk, 32);
+  // Few channels: the shortest walks, as many threads as the call can have (latency-bound calls).
+  EXPECT_EQ(fwd(dense(1, 5120, 512, Layout::channel_last)).chunk, 4);
+  const Conv1dPlan tiny = fwd(dense(1, 1536, 64, Layout::channel_last));
+  EXPECT_EQ(tiny.chunk, 4);
+  EXPECT_EQ(tiny.blocks, 1536 / (k::kClLanes * k::kItems) * (64 / (4 * groups)));
+  // The backward's thread owns fewer channels, and its block is narrower and longer in time (fewer partials).
   const Conv1dPlan b = bwd(p);
   EXPECT_EQ(b.kernel, Conv1dKernel::cl);
   EXPECT_EQ(b.items, k::kClBwdItems);
+  EXPECT_EQ(b.row_threads, k::kClBwdLanes);
   EXPECT_TRUE(b.vec);
-  EXPECT_EQ(b.blocks, 8 * ((1536 + k::kClLanes * b.items - 1) / (k::kClLanes * b.items)) * b.tiles);
-  // Channels not a multiple of the vector: the same kernel, element IO.
-  const Conv1dPlan odd = fwd(dense(2, 12, 64, Layout::channel_last));
+  EXPECT_EQ(b.chunk, 64);  // 1024 threads per SM
+  const int64_t bgroups = k::kThreads / k::kClBwdLanes;
+  EXPECT_GE(b.tiles * b.chunk * bgroups, 2048);
+  EXPECT_LT((b.tiles - 1) * b.chunk * bgroups, 2048);
+  EXPECT_EQ(b.blocks, 8 * ((1536 + k::kClBwdLanes * b.items - 1) / (k::kClBwdLanes * b.items)) * b.tiles);
+  EXPECT_EQ(b.parts, 8 * b.tiles);
+  // Channels not a multiple of a thread's: the same kernels, element IO.
+  const Conv1dPlan odd = fwd(dense(2, 13, 64, Layout::channel_last));
   EXPECT_EQ(odd.kernel, Conv1dKernel::cl);
   EXPECT_FALSE(odd.vec);
+  EXPECT_FALSE(bwd(dense(2, 13, 64, Layout::channel_last)).vec);
+  // A thread's channels are whole vectors (8 bytes forward, 4 backward, of a 16-bit itype).
+  EXPECT_FALSE(fwd(dense(2, 14, 64, Layout::channel_last)).vec);
+  EXPECT_TRUE(bwd(dense(2, 14, 64, Layout::channel_last)).vec);
 }
 
 TEST(Conv1dPlan, StridedLayoutsTakeTheRowKernelWithoutVectors) {
@@ -195,8 +209,11 @@ TEST(Conv1dPlan, OnePartPerChannelWritesTheWeightGradientsDirectly) {
     EXPECT_FALSE(two_rows.direct);
     EXPECT_GT(two_rows.workspace, 0u);
   }
-  // A channel-last row just past one block's walks: several tiles, partials.
-  const Conv1dPlan longer = bwd(dense(1, 1536, 4 * 64 + 1, Layout::channel_last));
+  // A channel-last row past one block's 16-step walks: several tiles, partials.
+  const Conv1dPlan edge = bwd(dense(1, 1536, 16 * (k::kThreads / k::kClBwdLanes), Layout::channel_last));
+  EXPECT_EQ(edge.tiles, 1);
+  EXPECT_TRUE(edge.direct);
+  const Conv1dPlan longer = bwd(dense(1, 1536, 16 * (k::kThreads / k::kClBwdLanes) + 1, Layout::channel_last));
   EXPECT_GT(longer.tiles, 1);
   EXPECT_FALSE(longer.direct);
   // Channel-first rows up to a block's run are one tile.
