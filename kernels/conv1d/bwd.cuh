@@ -341,31 +341,26 @@ __device__ __forceinline__ void cl_bwd_step(const Conv1d& p, const ClSpot& q, in
   push_history<H, C>(xh, gh, xv, gc);
 }
 
-// A plain call's walk over steps [q.tb, q.te + W-1). The steady part [q.tb + W-1, q.te), where every step both sums
-// and emits, runs in groups of U steps without per-step conditions, software-pipelined: the next group's x and dout
-// (kept packed) load while the current group computes. The first W-1 steps, the remainder and the last W-1 steps go
-// in small groups with per-step conditions.
-template <typename T, int W, int C, int U>
-__device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bool vec, const T* xr, const T* dr,
-                                            T* xo, const float (&w)[W][C], const float (&bias)[C],
-                                            float (&xh)[W - 1][C], float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
-  constexpr int H = W - 1;
+// A plain call's element-IO walk (any strides) over steps [q.tb, q.te + W-1), in groups of W-1 steps whose loads go
+// out first (one memory latency a group, not one a step).
+template <typename T, int W, int C>
+__device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, const T* xr, const T* dr, T* xo,
+                                            const float (&w)[W][C], const float (&bias)[C], float (&xh)[W - 1][C],
+                                            float (&gh)[W - 1][C], float (&acc)[C][W + 1]) {
+  constexpr int H = W - 1, G = H;
   const int64_t L = p.seqlen, tend = q.te + H;
   const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1], ots = p.dx.s[2];
   // dfinal_states' row, only where this walk reaches the last W-1 steps.
   const T* fr = p.dfin.p != nullptr && q.te > L - H
                     ? static_cast<const T*>(p.dfin.p) + q.r * p.dfin.s[0] + q.d0 * p.dfin.s[1]
                     : nullptr;
-  // Steps [t, t + n), n <= G, with per-step conditions: their loads first (the walk's first and last steps, and
-  // every step of element IO, so that each group costs one memory latency, not one a step).
-  constexpr int G = H;  // steps a group at most
-  const auto group = [&](int64_t t0, int n) {
+  for (int64_t t0 = q.tb; t0 < tend; t0 += G) {
     float xv[G][C], dv[G][C];
 #pragma unroll
     for (int u = 0; u < G; ++u) {
-      if (u < n && t0 + u < L) {
-        ld_step<T, C>(xr, t0 + u, xts, xcs, q.nc, vec, xv[u]);
-        ld_step<T, C>(dr, t0 + u, dts, dcs, q.nc, vec, dv[u]);
+      if (t0 + u < tend && t0 + u < L) {
+        ld_step<T, C>(xr, t0 + u, xts, xcs, q.nc, false, xv[u]);
+        ld_step<T, C>(dr, t0 + u, dts, dcs, q.nc, false, dv[u]);
       } else {
 #pragma unroll
         for (int c = 0; c < C; ++c) xv[u][c] = dv[u][c] = 0.f;
@@ -374,49 +369,66 @@ __device__ __forceinline__ void cl_bwd_walk(const Conv1d& p, const ClSpot& q, bo
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       const int64_t tt = t0 + u;
-      if (u < n)
-        cl_bwd_step<T, W, C>(p, q, tt, xv[u], dv[u], tt < q.te, tt - H >= q.tb, vec, xo + (tt - H) * ots, fr, w, bias,
-                             xh, gh, acc);
-    }
-  };
-  int64_t t = q.tb;
-  const int64_t steady = q.tb + H < tend ? q.tb + H : tend;  // the first W-1 steps emit no dx yet
-  for (; t < steady; t += G) group(t, static_cast<int>(steady - t < G ? steady - t : G));
-  t = steady;
-  if (vec && t + U <= q.te) {
-    // Software-pipelined: the next group's loads are issued before the current group is computed. Pointers step by
-    // a stride (px, pd: the next step to load; po: the next dx) instead of holding each step's offset.
-    const T* px = xr + t * xts;
-    const T* pd = dr + t * dts;
-    T* po = xo + (t - H) * ots;
-    ClRaw<T, C> xc[U], dc[U], xn[U], dn[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u, px += xts, pd += dts) {
-      xc[u] = cl_ldraw<T, C>(px);
-      dc[u] = cl_ldraw<T, C>(pd);
-    }
-#pragma unroll 1
-    for (; t + U <= q.te; t += U) {
-      const bool more = t + 2 * U <= q.te;
-      if (more) {
-#pragma unroll
-        for (int u = 0; u < U; ++u, px += xts, pd += dts) {
-          xn[u] = cl_ldraw<T, C>(px);
-          dn[u] = cl_ldraw<T, C>(pd);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u, po += ots) {
-        float xv[C], dv[C];
-        cl_unpack<T, C>(xc[u], xv);
-        cl_unpack<T, C>(dc[u], dv);
-        cl_bwd_step<T, W, C>(p, q, t + u, xv, dv, true, true, true, po, fr, w, bias, xh, gh, acc);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) xc[u] = xn[u], dc[u] = dn[u];
+      if (tt < tend)
+        cl_bwd_step<T, W, C>(p, q, tt, xv[u], dv[u], tt < q.te, tt - H >= q.tb, false, xo + (tt - H) * ots, fr, w,
+                             bias, xh, gh, acc);
     }
   }
-  for (; t < tend; t += G) group(t, static_cast<int>(tend - t < G ? tend - t : G));
+}
+
+// The raw x and dout of U steps from px / pd (element stride xts / dts): the first n of them (n may be <= 0), zeros
+// for the rest (steps past L, or past the walk).
+template <typename T, int C, int U>
+__device__ __forceinline__ void cl_bwd_load(const T* px, const T* pd, int64_t xts, int64_t dts, int n,
+                                            ClRaw<T, C> (&xg)[U], ClRaw<T, C> (&dg)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < n) {
+      xg[u] = cl_ldraw<T, C>(px + u * xts);
+      dg[u] = cl_ldraw<T, C>(pd + u * dts);
+    } else {
+#pragma unroll
+      for (int i = 0; i < ClRaw<T, C>::kWords; ++i) xg[u].w[i] = dg[u].w[i] = 0u;
+    }
+  }
+}
+
+// A plain call's vector walk over steps [q.tb, q.te + W-1), every step in groups of U, software-pipelined from the
+// first group to the last: the next group's loads go out before the current group computes, so a short walk (the
+// small rows: 7-19 steps) costs about one memory latency, not one per group. Per-step conditions: the first W-1
+// steps emit no dx, the last W-1 add nothing to the sums, steps past L read zeros. Steps counted from q.tb in 32
+// bits (a walk is at most plan.chunk + W-1 steps). xc, dc: the first group, loaded by the caller (cl_bwd_load)
+// before the weights' barrier.
+template <typename T, int W, int C, int U>
+__device__ __forceinline__ void cl_bwd_walk_vec(const Conv1d& p, const ClSpot& q, const T* xr, const T* dr, T* xo,
+                                                const float (&w)[W][C], const float (&bias)[C],
+                                                float (&xh)[W - 1][C], float (&gh)[W - 1][C],
+                                                float (&acc)[C][W + 1], ClRaw<T, C> (&xc)[U],
+                                                ClRaw<T, C> (&dc)[U]) {
+  constexpr int H = W - 1;
+  const int64_t L = p.seqlen, xts = p.x.s[2], dts = p.dout.s[2], ots = p.dx.s[2];
+  const T* fr = p.dfin.p != nullptr && q.te > L - H
+                    ? static_cast<const T*>(p.dfin.p) + q.r * p.dfin.s[0] + q.d0 * p.dfin.s[1]
+                    : nullptr;
+  const int ns = static_cast<int>(q.te - q.tb), n = ns + H;            // steps that sum; steps walked
+  const int nl = static_cast<int>((q.te + H < L ? q.te + H : L) - q.tb);  // steps with inputs
+  const T* px = xr + (q.tb + U) * xts;  // the next group
+  const T* pd = dr + (q.tb + U) * dts;
+  T* po = xo + (q.tb - H) * ots;  // the dx of the current step
+  ClRaw<T, C> xn[U], dn[U];
+  for (int i = 0; i < n; i += U, px += U * xts, pd += U * dts) {
+    if (i + U < n) cl_bwd_load<T, C, U>(px, pd, xts, dts, nl - (i + U), xn, dn);
+#pragma unroll
+    for (int u = 0; u < U; ++u, po += ots) {
+      if (i + u >= n) break;
+      float xv[C], dv[C];
+      cl_unpack<T, C>(xc[u], xv);
+      cl_unpack<T, C>(dc[u], dv);
+      cl_bwd_step<T, W, C>(p, q, q.tb + i + u, xv, dv, i + u < ns, i + u >= H, true, po, fr, w, bias, xh, gh, acc);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) xc[u] = xn[u], dc[u] = dn[u];
+  }
 }
 
 // One value of a block's sums for channel d: dweight[d, k] (k < W) or dbias[d] (k = W) in their dtype when the call
@@ -433,7 +445,7 @@ __device__ __forceinline__ void put_one(const Conv1d& p, const Conv1dPlan& plan,
 }
 
 // A block: kClBwdLanes lanes of kClBwdItems channels by 8 time groups. At most 102 registers (5 blocks per SM):
-// 96 at every itype and width without spills (ptxas -v, sm_90); capped at 80 (6 blocks), W = 4 spilled.
+// 80-96 at every itype and width, no spills (ptxas -v, sm_90); capped at 80 (6 blocks), W = 4 spilled.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv1dPlan plan, float* ws) {
   constexpr int C = cuda::conv1d::kClBwdItems, H = W - 1;
@@ -448,9 +460,18 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
   const int64_t xts = p.x.s[2], xcs = p.x.s[1], dts = p.dout.s[2], dcs = p.dout.s[1];
   const int64_t ots = p.dx.s[2], ocs = p.dx.s[1];
 
-  // A plain call's halo goes out before the weights' loads and barrier: the latencies overlap.
+  // A plain call's halo and first group of loads go out before the weights' loads and barrier: the latencies
+  // overlap.
+  constexpr int U = cuda::conv1d::kClBwdBytes / (C * static_cast<int>(sizeof(T)));
   float xh[H][C], gh[H][C];  // inputs and g of the H steps before the current one
-  if (plain && q.live) cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, xh);
+  ClRaw<T, C> xc[U], dc[U];
+  if (plain && q.live) {
+    cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, xh);
+    if (vec) {
+      const int64_t nl = (q.te + H < L ? q.te + H : L) - q.tb;
+      cl_bwd_load<T, C, U>(xr + q.tb * xts, dr + q.tb * dts, xts, dts, static_cast<int>(nl < U ? nl : U), xc, dc);
+    }
+  }
   cl_stage_weights<W>(p, q, plan.row_threads * C, sw);
   __syncthreads();
   float acc[C][W + 1];
@@ -469,8 +490,8 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
       for (int c = 0; c < C; ++c) gh[m][c] = 0.f;
 
     if (plain) {
-      constexpr int U = cuda::conv1d::kClBwdBytes / (C * static_cast<int>(sizeof(T)));
-      cl_bwd_walk<T, W, C, U>(p, q, vec, xr, dr, xo, w, bias, xh, gh, acc);
+      if (vec) cl_bwd_walk_vec<T, W, C, U>(p, q, xr, dr, xo, w, bias, xh, gh, acc, xc, dc);
+      else cl_bwd_walk<T, W, C>(p, q, xr, dr, xo, w, bias, xh, gh, acc);
     } else {
       // seq_idx or packed sequences: one step at a time; tags are seq_idx values or sequence numbers.
       int th[H];  // tags of the H steps before the current one

@@ -229,7 +229,7 @@ constexpr int kClLanes = 32;
 constexpr int kClBwdLanes = 16;
 constexpr int kClBwdItems = 2;
 // Bytes of a thread's channels a group of the vector walks loads per tensor: the forward 32 (4 steps of 16-bit, 2
-// of fp32), the backward 16 (x and dout: 8 steps of 16-bit, 4 of fp32).
+// of fp32), the backward 16 of x and of dout (4 steps of 16-bit, 2 of fp32; 32 spilled at 5 blocks per SM).
 constexpr int kClFwdBytes = 32;
 constexpr int kClBwdBytes = 16;
 }  // namespace conv1d
