@@ -295,10 +295,13 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
 // strides), a channel-last kernel, the decode update. validation/optimisation-log.md ("conv1d") has the reasoning.
 namespace {
 
-// Channel-last: the longest per-thread walk (steps) that still gives the grid this many threads per SM, about 1.6
-// waves of the resident ones (forward 6 blocks of 128 per SM, backward 5), so the last wave's tail costs little
-// (design choice; a walk re-reads the W-1 steps before it, and the backward's the W-1 after it). Short rows take
-// 4-step walks: more, shorter walks are what a latency-bound call needs.
+// Channel-last: the longest per-thread walk (steps) whose grid either fits one wave of resident threads (forward 6
+// blocks of 128 per SM, backward 5: the kernels' launch bounds) and fills at least 3/4 of it, or has this many
+// threads per SM, about 1.6 waves, so the last wave's tail costs little (design choice; a walk re-reads the W-1
+// steps before it, and the backward's the W-1 after it). Short rows take walks down to 4 steps: more, shorter walks
+// are what a latency-bound call needs.
+constexpr int64_t kConv1dClFwdResidentPerSm = 6 * 128;
+constexpr int64_t kConv1dClBwdResidentPerSm = 5 * 128;
 constexpr int64_t kConv1dClFwdThreadsPerSm = 1280;
 constexpr int64_t kConv1dClBwdThreadsPerSm = 1024;
 constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8, 4};
@@ -342,14 +345,18 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
     pl->row_threads = bwd ? kClBwdLanes : kClLanes;
     const int64_t groups = kThreads / pl->row_threads;  // time groups a block
     const int64_t lanes = rows * ceil_div(p.dim, pl->items);
-    const int64_t want = (bwd ? kConv1dClBwdThreadsPerSm : kConv1dClFwdThreadsPerSm) * std::max(dev.sms, 1);
+    const int64_t sms = std::max(dev.sms, 1);
+    const int64_t want = (bwd ? kConv1dClBwdThreadsPerSm : kConv1dClFwdThreadsPerSm) * sms;
+    const int64_t wave = (bwd ? kConv1dClBwdResidentPerSm : kConv1dClFwdResidentPerSm) * sms;
     const int64_t shortest = kConv1dClChunks[std::size(kConv1dClChunks) - 1];
     pl->chunk = shortest;
-    for (int64_t c : kConv1dClChunks)
-      if (lanes * ceil_div(p.seqlen, c) >= want) {
+    for (int64_t c : kConv1dClChunks) {
+      const int64_t threads = lanes * ceil_div(p.seqlen, c);
+      if (threads >= want || (threads <= wave && 4 * threads >= 3 * wave)) {
         pl->chunk = c;
         break;
       }
+    }
     // A one-row backward short enough for one block's walks takes one time tile: one part per channel, which the
     // main kernel writes itself (no finalize launch, about as long as such a call's whole kernel).
     if (bwd && rows == 1 && p.seqlen <= groups * kConv1dClDirectChunk)

@@ -126,10 +126,17 @@ TEST(Conv1dPlan, ChannelLastKernel) {
   EXPECT_GE(pl.tiles * pl.chunk * groups, 2048);
   EXPECT_LT((pl.tiles - 1) * pl.chunk * groups, 2048);
   EXPECT_EQ(pl.blocks, 8 * ((1536 + k::kClLanes * k::kItems - 1) / (k::kClLanes * k::kItems)) * pl.tiles);
-  // The longest walk that leaves the grid 1280 threads per SM: 32 steps (64 would leave 745).
-  EXPECT_EQ(pl.chunk, 32);
-  // Few channels: the shortest walks, as many threads as the call can have (latency-bound calls).
-  EXPECT_EQ(fwd(dense(1, 5120, 512, Layout::channel_last)).chunk, 4);
+  // The longest walk whose grid fills most of one wave of resident threads (6 blocks of 128 per SM): 64 steps,
+  // 768 blocks for 792 places.
+  EXPECT_EQ(pl.chunk, 64);
+  EXPECT_EQ(pl.blocks, 768);
+  // Past one wave, the longest walk that leaves 1280 threads per SM: 4x5120x2048 at 64 steps would be 1.6 waves
+  // with 1241 threads per SM; 32 steps.
+  EXPECT_EQ(fwd(dense(4, 5120, 2048, Layout::channel_last)).chunk, 32);
+  // Few channels: short walks, as many threads as fill the machine once (latency-bound calls).
+  const Conv1dPlan mid = fwd(dense(1, 5120, 512, Layout::channel_last));
+  EXPECT_EQ(mid.chunk, 8);
+  EXPECT_EQ(mid.blocks, 640);
   const Conv1dPlan tiny = fwd(dense(1, 1536, 64, Layout::channel_last));
   EXPECT_EQ(tiny.chunk, 4);
   EXPECT_EQ(tiny.blocks, 1536 / (k::kClLanes * k::kItems) * (64 / (4 * groups)));
@@ -145,6 +152,11 @@ TEST(Conv1dPlan, ChannelLastKernel) {
   EXPECT_LT((b.tiles - 1) * b.chunk * bgroups, 2048);
   EXPECT_EQ(b.blocks, 8 * ((1536 + k::kClBwdLanes * b.items - 1) / (k::kClBwdLanes * b.items)) * b.tiles);
   EXPECT_EQ(b.parts, 8 * b.tiles);
+  // One wave (5 blocks of 128 per SM) of 16-step walks: 640 blocks, 4 parts per channel.
+  const Conv1dPlan bmid = bwd(dense(1, 5120, 512, Layout::channel_last));
+  EXPECT_EQ(bmid.chunk, 16);
+  EXPECT_EQ(bmid.blocks, 640);
+  EXPECT_EQ(bmid.parts, 4);
   // Channels not a multiple of a thread's: the same kernels, element IO.
   const Conv1dPlan odd = fwd(dense(2, 13, 64, Layout::channel_last));
   EXPECT_EQ(odd.kernel, Conv1dKernel::cl);

@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Conv1d, GpuConv1dUpdateOutOfPool, ::testing::ValuesIn(c
 //   the W-1 halo crossing lanes, warps and blocks;
 //   channel-last tiles of 128 (forward) and 32 (backward) channels with a partial last one (D 520), 4-step groups
 //   with remainders (L 250), many channels (D 1536) and channel-last rows across blocks in time; the H200 plan's
-//   long channel-last walks (long_walks_*: 32 steps forward, 64 backward in 4 time tiles of partials).
+//   long channel-last walks (long_walks_*: 64 steps, the backward's in 4 time tiles of partials).
 std::vector<NamedConv1dSpec> fast_path_specs() {
   std::vector<NamedConv1dSpec> m;
   uint64_t seed = 7000;
@@ -145,8 +145,8 @@ std::vector<NamedConv1dSpec> fast_path_specs() {
     pool.state_len = 5, pool.cache_indices = {4, 1, -1, 0}, pool.has_init = {1, 1, 1, 0};
     add("packed_pool_" + ln, pool);
   }
-  // The channel-last walks a large call gets on 132 SMs (src/cuda/select.cpp): forward 32 steps, backward 64 and 4
-  // time tiles of partials: the pipelined walks' many groups, with the states on their first and last steps.
+  // The channel-last walks a large call gets on 132 SMs (src/cuda/select.cpp): 64 steps, the backward's in 4 time
+  // tiles of partials: the pipelined walks' many groups, with the states on their first and last steps.
   for (int32_t it : {kBF16, kF32}) {
     Conv1dSpec s;
     s.layout = ConvLayout::channel_last, s.itype = it, s.width = it == kF32 ? 3 : 4;
