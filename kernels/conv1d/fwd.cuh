@@ -352,8 +352,7 @@ __device__ __forceinline__ void cl_fwd_walk_vec(const Conv1d& p, const ClSpot& q
   constexpr int H = W - 1;
   ClRaw<T, C> nxt[U];
   // Pointers step by a stride (px: the next group's first step, po: the next output) instead of holding each
-  // step's offset.
-  // Steps counted in 32 bits: a walk is at most plan.chunk steps.
+  // step's offset; steps counted in 32 bits (a walk is at most plan.chunk steps).
   const T* px = xr + (q.tb + U) * xts;
   T* po = orow + q.tb * ots;
   const int n = static_cast<int>(q.te - q.tb);

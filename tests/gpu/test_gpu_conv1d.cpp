@@ -96,7 +96,8 @@ INSTANTIATE_TEST_SUITE_P(Conv1d, GpuConv1dUpdateOutOfPool, ::testing::ValuesIn(c
 //   the W-1 halo crossing lanes, warps and blocks;
 //   channel-last tiles of 128 (forward) and 32 (backward) channels with a partial last one (D 520), 4-step groups
 //   with remainders (L 250), many channels (D 1536) and channel-last rows across blocks in time; the H200 plan's
-//   long channel-last walks (long_walks_*: 64 steps, the backward's in 4 time tiles of partials).
+//   long channel-last walks (long_walks_*: 64 steps, the backward's in 4 time tiles of partials); channel-last
+//   element IO (cl_odd*: D 13).
 std::vector<NamedConv1dSpec> fast_path_specs() {
   std::vector<NamedConv1dSpec> m;
   uint64_t seed = 7000;
@@ -154,6 +155,20 @@ std::vector<NamedConv1dSpec> fast_path_specs() {
     s.dinitial_states = s.dfinal_states = true;
     add(std::string("long_walks_") + dtype_name(it), s);
   }
+  // Channel-last channels that no thread's vector divides (D 13): the element-IO walks (plain, seq_idx, packed).
+  for (int64_t W : {2, 4}) {
+    Conv1dSpec s;
+    s.layout = ConvLayout::channel_last, s.itype = W == 2 ? kF32 : kBF16, s.width = W, s.batch = 3, s.dim = 13;
+    s.seqlen = 300, s.initial_states = s.final_states = s.dinitial_states = s.dfinal_states = true;
+    add("cl_odd_W" + std::to_string(W), s);
+  }
+  Conv1dSpec q;
+  q.layout = ConvLayout::channel_last, q.itype = kBF16, q.batch = 2, q.dim = 13, q.seqlen = 300, q.seq_idx = true;
+  add("seq_idx_cl_odd", q);
+  Conv1dSpec pk;
+  pk.layout = ConvLayout::channel_last, pk.itype = kF32, pk.dim = 13, pk.lens = {100, 0, 250, 3};
+  pk.initial_states = pk.final_states = pk.dinitial_states = pk.dfinal_states = true;
+  add("packed_cl_odd", pk);
   return m;
 }
 
