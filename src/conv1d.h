@@ -76,6 +76,12 @@ struct Conv1d {
   // conv_states only marks padding (its other entries are not read).
 
   SELSCAN_HD int64_t rows() const { return varlen ? 1 : batch; }
+  // Calls without per-step sequence logic (dense rows, at most initial_states): the channel-first kernels have a
+  // leaner instance for them (kernels/conv1d/: fwd_plain, bwd_plain), and the plan gives it longer runs.
+  SELSCAN_HD bool plain_fwd() const {
+    return !varlen && seq_idx.p == nullptr && cache_indices.p == nullptr && conv_states.p == nullptr;
+  }
+  SELSCAN_HD bool plain_bwd() const { return !varlen && seq_idx.p == nullptr; }
 };
 
 // The decode update: T tokens per sequence advance that sequence's window of past inputs.

@@ -20,10 +20,9 @@
 namespace selscan::kern::conv1d {
 
 // g at step P of row (b, d) computed from memory: the last lane of a shuffle group needs it for the W-1 steps past
-// its run. Plain calls, and seq_idx / packed calls (`tag` returns the step's seq_idx or sequence).
+// its run. seq_idx / packed calls (`tag` returns the step's seq_idx or sequence).
 template <typename T, int W>
-__device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const float* w, float bias, bool plain,
-                      int* tag) {
+__device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const float* w, float bias, int* tag) {
   constexpr int H = W - 1;
   *tag = INT_MIN;
   if (P >= p.seqlen) return 0.f;
@@ -31,10 +30,7 @@ __device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const fl
   const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
   const int64_t xs = p.x.s[2];
   float acc = bias;
-  if (plain) {  // P - H >= 0 here: P is past a whole run
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
-  } else if (p.seq_idx.p != nullptr) {
+  if (p.seq_idx.p != nullptr) {
     const int tc = seq_tag(p, b, P);
     *tag = tc;
     if (tc < 0) return 0.f;
@@ -80,12 +76,45 @@ __device__ __forceinline__ void put_part(const Conv1d& p, const Conv1dPlan& plan
   for (int k = 0; k <= W; ++k) wp[k * p.dim] = v[k];
 }
 
-// ---------------------------------------------------------------------------------------------- rows
-// The backward's calls without per-step sequence logic (no packed sequences, no seq_idx): kPlain (plain_call says
-// why the instances).
-SELSCAN_HD inline bool plain_bwd(const Conv1d& p) { return !p.varlen && p.seq_idx.p == nullptr; }
+// A row kernel's partial sums of dweight/dbias for its row tile: a shuffle tree over the row's lanes, then (rows
+// over a warp) its warps in order; every thread of the block calls it (a barrier when rows span warps).
+template <int W>
+__device__ __forceinline__ void row_part(const Conv1d& p, const Conv1dPlan& plan, float* ws, const RowSpot& q,
+                                         float (&acc)[W + 1]) {
+  const int rt = plan.row_threads, seg = rt < 32 ? rt : 32, tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int off = seg / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int k = 0; k <= W; ++k) acc[k] += __shfl_xor_sync(kFullMask, acc[k], off, seg);
+  }
+  if (rt <= 32) {
+    if (q.live && tid % rt == 0) put_part<W>(p, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
+    return;
+  }
+  __shared__ float red[kThreads / 32][W + 1];
+  if ((tid & 31) == 0) {
+#pragma unroll
+    for (int k = 0; k <= W; ++k) red[tid >> 5][k] = acc[k];
+  }
+  __syncthreads();
+  if (q.live && tid % rt == 0) {
+    const int w0 = tid >> 5, nw = rt >> 5;
+#pragma unroll
+    for (int k = 0; k <= W; ++k) {
+      float v = red[w0][k];
+      for (int j = 1; j < nw; ++j) v += red[w0 + j][k];
+      acc[k] = v;
+    }
+    put_part<W>(p, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
+  }
+}
 
-template <typename T, int W, bool kPlain>
+// ---------------------------------------------------------------------------------------------- rows
+// The backward's calls without per-step sequence logic (no packed sequences, no seq_idx) take bwd_plain (plain_call
+// says why); bwd_rows serves the others.
+SELSCAN_HD inline bool plain_bwd(const Conv1d& p) { return p.plain_bwd(); }
+
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1dPlan plan, float* ws) {
   constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
   const int rt = plan.row_threads;
@@ -93,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   const int tid = static_cast<int>(threadIdx.x);
   const RowSpot q = row_spot<I>(p, plan);
   const bool live = q.live;
-  const int64_t b = q.b, d = q.d, tile = q.tile, t0 = q.t0;
+  const int64_t b = q.b, d = q.d, t0 = q.t0;
   const int64_t L = p.seqlen;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
   const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
@@ -104,21 +133,10 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   float xw[H + I], g[I + H];  // inputs at t0 - H .. t0 + I - 1; g at t0 .. t0 + I + H - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
   load_run<T, I>(dr, t0, L, p.dout.s[2], plan.vec, g);  // dout, turned into g below
-  constexpr bool plain = kPlain;  // == plain_bwd(p), chosen by the launcher
-  // What the neighbours cannot give, issued with the run's own loads (load_halo says why): the first lane's W-1
-  // inputs before the run; the last lane's (plain calls) inputs and dout of the W-1 steps past it, whose g it
-  // computes itself.
+  // The first lane's W-1 inputs before the run, issued with the run's own loads (load_halo says why).
   const bool first = tid % seg == 0, last = tid % seg == seg - 1;
-  float hv[H], xa[H], da[H];
-  if (first) load_halo<T, H>(p, xr, t0, xs, plain, b, d, hv);
-  if (last && plain) {
-#pragma unroll
-    for (int m = 0; m < H; ++m) {
-      const int64_t P = t0 + I + m;
-      xa[m] = P < L ? ldt(xr, P * xs) : 0.f;
-      da[m] = P < L ? ldt(dr, P * p.dout.s[2]) : 0.f;
-    }
-  }
+  float hv[H];
+  if (first) load_halo<T, H>(p, xr, t0, xs, false, b, d, hv);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
@@ -130,18 +148,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   for (int k = 0; k <= W; ++k) acc[k] = 0.f;
   int tag[I + H];  // seq_idx or sequence of the steps of g (general calls)
   int64_t s = 0, e = L, sb = b;  // the sequence of the run's last step (packed calls)
-  if (plain) {
-#pragma unroll
-    for (int i = 0; i < I; ++i) {
-      float y = bias;
-#pragma unroll
-      for (int k = 0; k < W; ++k) y = fmaf(w[k], xw[i + k], y);
-      g[i] *= dact(y, p.silu);  // steps past L: dout read 0
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] = fmaf(g[i], xw[i + k], acc[k]);
-      acc[W] += g[i];
-    }
-  } else if (p.seq_idx.p != nullptr) {
+  if (p.seq_idx.p != nullptr) {
     int tw[H + I];
 #pragma unroll
     for (int j = 0; j < H + I; ++j) tw[j] = seq_tag(p, b, t0 - H + j);
@@ -192,55 +199,30 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   // g of the W-1 steps past the run: the next lane's first ones, or (last lane of a group) from memory.
 #pragma unroll
   for (int m = 0; m < H; ++m) g[I + m] = __shfl_down_sync(kFullMask, g[m], 1, seg);
-  if (!plain) {  // uniform over the grid
 #pragma unroll
-    for (int m = 0; m < H; ++m) tag[I + m] = __shfl_down_sync(kFullMask, tag[m], 1, seg);
-  }
+  for (int m = 0; m < H; ++m) tag[I + m] = __shfl_down_sync(kFullMask, tag[m], 1, seg);
   if (last) {
-    if (plain) {
 #pragma unroll
-      for (int m = 0; m < H; ++m) {  // the inputs of step t0 + I + m: xw's last H - m, then xa's first m + 1
-        float y = bias;
-#pragma unroll
-        for (int k = 0; k < W; ++k) y = fmaf(w[k], m + k < H ? xw[I + m + k] : xa[m + k - H], y);
-        g[I + m] = da[m] * dact(y, p.silu);  // past L: dout 0
-      }
-    } else {
-#pragma unroll
-      for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, false, &tag[I + m]);
-    }
+    for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, &tag[I + m]);
   }
 
   float dx[I];
 #pragma unroll
   for (int i = 0; i < I; ++i) {
     float a = 0.f;
-    if (plain) {
 #pragma unroll
-      for (int k = 0; k < W; ++k) a = fmaf(w[k], g[i + H - k], a);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) a = tag[i + H - k] == tag[i] ? fmaf(w[k], g[i + H - k], a) : a;
-    }
+    for (int k = 0; k < W; ++k) a = tag[i + H - k] == tag[i] ? fmaf(w[k], g[i + H - k], a) : a;
     dx[i] = a;
   }
-  if (p.dfin.p != nullptr) {
-    if (plain) {
-      if (t0 + I > L - H) {
+  if (p.dfin.p != nullptr) {  // packed (seq_idx excludes final states)
 #pragma unroll
-        for (int i = 0; i < I; ++i)
-          if (t0 + i < L) dx[i] += dfin_at<T>(p, b, d, t0 + i, L);
-      }
-    } else {  // packed (seq_idx excludes final states)
-#pragma unroll
-      for (int i = 0; i < I; ++i) {
-        const int64_t t = t0 + i;
-        if (t >= L) break;
-        const int64_t tb = tag[i];
-        const int64_t te = tb == sb ? e : cu_at(p, tb + 1);
-        const int64_t ts = tb == sb ? s : cu_at(p, tb);
-        if (t >= ts && t < te) dx[i] += dfin_at<T>(p, tb, d, t, te);
-      }
+    for (int i = 0; i < I; ++i) {
+      const int64_t t = t0 + i;
+      if (t >= L) break;
+      const int64_t tb = tag[i];
+      const int64_t te = tb == sb ? e : cu_at(p, tb + 1);
+      const int64_t ts = tb == sb ? s : cu_at(p, tb);
+      if (t >= ts && t < te) dx[i] += dfin_at<T>(p, tb, d, t, te);
     }
   }
   if (live) {
@@ -248,32 +230,120 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
     store_run<T, I>(xrow, t0, L, p.dx.s[2], plan.vec, dx);
   }
 
-  // The row's partial sums: a shuffle tree over its lanes, then (rows over a warp) its warps in order.
+  row_part<W>(p, plan, ws, q, acc);
+}
+
+// ---------------------------------------------------------------------------------------------- plain rows
+// Plain calls: fwd_plain's layout (kPlainRuns runs of V steps a thread, interleaved over the segment's lanes). A run
+// needs the W-1 inputs before it (as the forward) and g of the W-1 steps past it: the next lane's same run, for the
+// last lane the first lane's next run, for the last run of the last lane computed here from memory (the segment's
+// next W-1 inputs and douts). Two passes: g of every run, then dx.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const Conv1dPlan plan, float* ws) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, H = W - 1;
+  const PlainSpot ps = plain_spot<V, I>(p, plan);
+  const int64_t b = ps.q.b, d = ps.q.d, L = p.seqlen;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  const T* dr = static_cast<const T*>(p.dout.p) + b * p.dout.s[0] + d * p.dout.s[1];
+  const int64_t xs = p.x.s[2], ds = p.dout.s[2];
+
+  Raw<T, V> xraw[R], draw[R];
 #pragma unroll
-  for (int off = seg / 2; off > 0; off >>= 1) {
-#pragma unroll
-    for (int k = 0; k <= W; ++k) acc[k] += __shfl_xor_sync(kFullMask, acc[k], off, seg);
+  for (int r = 0; r < R; ++r) {
+    xraw[r] = ld_run_raw<T, V>(xr, ps.first + r * ps.stride, L, xs, plan.vec);
+    draw[r] = ld_run_raw<T, V>(dr, ps.first + r * ps.stride, L, ds, plan.vec);
   }
-  if (rt <= 32) {
-    if (live && tid % rt == 0) put_part<W>(p, plan, ws, b * plan.tiles + tile, d, acc);
-    return;
-  }
-  __shared__ float red[kThreads / 32][W + 1];
-  if ((tid & 31) == 0) {
+  float w[W], bias;
+  load_weights<W>(p, d, w, &bias);
+  const bool lead = ps.ls == 0, tail = ps.ls == ps.seg - 1;
+  float hv[H], xa[H], da[H];
+  if (lead) load_halo<T, H>(p, xr, ps.ws, xs, true, b, d, hv);
+  const int64_t next = ps.ws + static_cast<int64_t>(ps.seg) * I;  // the segment's end
+  if (tail) {
 #pragma unroll
-    for (int k = 0; k <= W; ++k) red[tid >> 5][k] = acc[k];
-  }
-  __syncthreads();
-  if (live && tid % rt == 0) {
-    const int w0 = tid >> 5, nw = rt >> 5;
-#pragma unroll
-    for (int k = 0; k <= W; ++k) {
-      float v = red[w0][k];
-      for (int j = 1; j < nw; ++j) v += red[w0 + j][k];
-      acc[k] = v;
+    for (int m = 0; m < H; ++m) {
+      xa[m] = next + m < L ? ldt(xr, (next + m) * xs) : 0.f;
+      da[m] = next + m < L ? ldt(dr, (next + m) * ds) : 0.f;
     }
-    put_part<W>(p, plan, ws, b * plan.tiles + tile, d, acc);
   }
+  float sh[R][H];  // each run's last H inputs, from the previous lane
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float f[V];
+    unpack<T, V>(xraw[r], f);
+#pragma unroll
+    for (int m = 0; m < H; ++m) sh[r][m] = __shfl_sync(kFullMask, f[V - H + m], ps.ls + ps.seg - 1, ps.seg);
+  }
+
+  float acc[W + 1];
+#pragma unroll
+  for (int k = 0; k <= W; ++k) acc[k] = 0.f;
+  float g[R][V];
+  float xl[H];  // the last run's last H inputs (the tail lane's g past the segment needs them)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float xw[H + V];
+    unpack<T, V>(xraw[r], xw + H);
+    unpack<T, V>(draw[r], g[r]);
+#pragma unroll
+    for (int m = 0; m < H; ++m) xw[m] = !lead ? sh[r][m] : (r > 0 ? sh[r - 1][m] : hv[m]);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float y = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) y = fmaf(w[k], xw[i + k], y);
+      g[r][i] *= dact(y, p.silu);  // steps past L: dout read 0
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] = fmaf(g[r][i], xw[i + k], acc[k]);
+      acc[W] += g[r][i];
+    }
+    if (r == R - 1) {
+#pragma unroll
+      for (int m = 0; m < H; ++m) xl[m] = xw[V + m];
+    }
+  }
+  // g of the H steps past each run: the next lane's first ones (for the tail lane: lane 0's next run).
+  float gn[R][H];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < H; ++m) gn[r][m] = __shfl_sync(kFullMask, g[r][m], ps.ls + 1, ps.seg);
+  }
+  float gm[H];  // past the segment (tail lane)
+  if (tail) {
+#pragma unroll
+    for (int m = 0; m < H; ++m) {  // the inputs of step next + m: xl's last H - m, then xa's first m + 1
+      float y = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) y = fmaf(w[k], m + k < H ? xl[m + k] : xa[m + k - H], y);
+      gm[m] = da[m] * dact(y, p.silu);  // past L: dout 0
+    }
+  }
+  T* xrow = static_cast<T*>(p.dx.p) + b * p.dx.s[0] + d * p.dx.s[1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float ge[V + H];
+#pragma unroll
+    for (int i = 0; i < V; ++i) ge[i] = g[r][i];
+#pragma unroll
+    for (int m = 0; m < H; ++m) ge[V + m] = !tail ? gn[r][m] : (r + 1 < R ? gn[r + 1][m] : gm[m]);
+    const int64_t t0 = ps.first + r * ps.stride;
+    float dx[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float a = 0.f;
+#pragma unroll
+      for (int k = 0; k < W; ++k) a = fmaf(w[k], ge[i + H - k], a);
+      dx[i] = a;
+    }
+    if (p.dfin.p != nullptr && t0 + V > L - H) {
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        if (t0 + i < L) dx[i] += dfin_at<T>(p, b, d, t0 + i, L);
+    }
+    if (ps.q.live) store_run<T, V>(xrow, t0, L, p.dx.s[2], plan.vec, dx);
+  }
+  row_part<W>(p, plan, ws, ps.q, acc);
 }
 
 // ---------------------------------------------------------------------------------------------- channel-last

@@ -21,13 +21,11 @@
 
 namespace selscan::kern::conv1d {
 
-// A call that needs no per-step sequence logic: dense rows, at most initial_states (with has_initial_state). The
-// row kernels have an instance for these calls (kPlain) and one for the rest: the packed, seq_idx and pool code
-// raised the plain forward from 52 to 66 registers and the backward from 80 to 114 (bf16, W = 4), i.e. 7 instead
-// of 9 and 4 instead of 6 resident blocks per SM, and those bytes in flight are what a plain call's speed is.
-SELSCAN_HD inline bool plain_call(const Conv1d& p) {
-  return !p.varlen && p.seq_idx.p == nullptr && p.cache_indices.p == nullptr && p.conv_states.p == nullptr;
-}
+// A call that needs no per-step sequence logic (Conv1d::plain_fwd): the row kernels have a lean kernel for these
+// (fwd_plain) and one for the rest (fwd_rows): the packed, seq_idx and pool code raised the plain forward from 52 to
+// 66 registers and the backward from 80 to 114 (bf16, W = 4), and those bytes in flight are what a plain call's speed
+// is.
+SELSCAN_HD inline bool plain_call(const Conv1d& p) { return p.plain_fwd(); }
 
 // ---------------------------------------------------------------------------------------------- rows
 // Where a row-kernel thread works (forward and backward): batch row b, channel d, time tile `tile` and its run of I
@@ -68,7 +66,9 @@ __device__ __forceinline__ void load_halo(const Conv1d& p, const T* xr, int64_t 
   }
 }
 
-template <typename T, int W, bool kPlain>
+// The row kernel of every call that is not plain: packed sequences, seq_idx, pools, and a thread's 32 bytes
+// contiguous.
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1dPlan plan) {
   constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
   const int rt = plan.row_threads;
@@ -85,10 +85,9 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   load_weights<W>(p, d, w, &bias);
   float xw[H + I];  // inputs at t0 - H .. t0 + I - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
-  constexpr bool plain = kPlain;  // == plain_call(p), chosen by the launcher
   const bool first = tid % seg == 0;
   float hv[H];
-  if (first) load_halo<T, H>(p, xr, t0, xs, plain, b, d, hv);
+  if (first) load_halo<T, H>(p, xr, t0, xs, false, b, d, hv);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
@@ -96,15 +95,7 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   }
 
   float y[I];
-  if (plain) {
-#pragma unroll
-    for (int i = 0; i < I; ++i) {
-      float acc = bias;
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc = fmaf(w[k], xw[i + k], acc);
-      y[i] = act(acc, p.silu);
-    }
-  } else if (p.seq_idx.p != nullptr) {
+  if (p.seq_idx.p != nullptr) {
     // A term counts only where its step carries the output step's seq_idx; a negative seq_idx is padding.
     int tag[H + I];
 #pragma unroll
@@ -147,6 +138,99 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   if (live) {
     T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
     store_run<T, I>(orow, t0, L, p.out.s[2], plan.vec, y);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- plain rows
+// Plain calls (ncu, H200, bf16 8x1536x2048: fwd_rows issued 557 instructions a warp for 512 steps, 70% of the issue
+// slots, and each 16-byte access of a warp touched 32 half-used sectors). Here a thread owns kPlainRuns runs of
+// V = 16 / sizeof(T) steps, interleaved over the lanes of its segment: run r of lane l starts at
+// ws + (r * seg + l) * V (ws: the segment's first step), so a warp's 16-byte access covers seg * 16 contiguous
+// bytes, and a thread's setup (its place, weights, halo) is paid once per 64 bytes. The W-1 inputs before a run:
+// the previous lane's same run, for the first lane the last lane's previous run, for the first run of the first
+// lane memory (load_halo: the previous segment's steps, or initial_states).
+constexpr int kPlainRuns = cuda::conv1d::kPlainRowBytes / 16;
+
+// A run of V steps from e0 as raw words: one 16-byte load when `vec` and whole, else element by element (0 past
+// `lim`), packed the same way.
+template <typename T, int V>
+__device__ __forceinline__ Raw<T, V> ld_run_raw(const T* row, int64_t e0, int64_t lim, int64_t s, bool vec) {
+  if (vec && e0 + V <= lim) return ldraw<T, V>(row + e0);
+  constexpr int kPer = sizeof(T) == 4 ? 1 : 2;
+  Raw<T, V> r;
+#pragma unroll
+  for (int i = 0; i < V / kPer; ++i) {
+    float f[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) f[j] = e0 + i * kPer + j < lim ? to_f32(row[(e0 + i * kPer + j) * s]) : 0.f;
+    r.w[i] = pack_word<T>(f);
+  }
+  return r;
+}
+
+// Where a plain-row thread's runs are: run r starts at first + r * stride.
+struct PlainSpot {
+  RowSpot q;
+  int ls;             // lane within the segment
+  int seg;            // lanes of the segment (the row's threads, at most a warp)
+  int64_t ws;         // the segment's first step
+  int64_t first;      // the thread's first run
+  int64_t stride;     // steps between its runs
+};
+template <int V, int I>
+__device__ __forceinline__ PlainSpot plain_spot(const Conv1d& p, const Conv1dPlan& plan) {
+  PlainSpot s;
+  s.q = row_spot<I>(p, plan);
+  const int rt = plan.row_threads;
+  s.seg = rt < 32 ? rt : 32;
+  s.ls = static_cast<int>(threadIdx.x) % s.seg;
+  s.ws = s.q.t0 - static_cast<int64_t>(s.ls) * I;
+  s.first = s.ws + static_cast<int64_t>(s.ls) * V;
+  s.stride = static_cast<int64_t>(s.seg) * V;
+  return s;
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv1dPlan plan) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, H = W - 1;
+  const PlainSpot ps = plain_spot<V, I>(p, plan);
+  const int64_t b = ps.q.b, d = ps.q.d, L = p.seqlen;
+  const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
+  const int64_t xs = p.x.s[2];
+
+  Raw<T, V> raw[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) raw[r] = ld_run_raw<T, V>(xr, ps.first + r * ps.stride, L, xs, plan.vec);
+  float w[W], bias;
+  load_weights<W>(p, d, w, &bias);
+  const bool lead = ps.ls == 0;
+  float hv[H];
+  if (lead) load_halo<T, H>(p, xr, ps.ws, xs, true, b, d, hv);
+  // Each run's last H inputs from the previous lane (for lane 0: from the last lane).
+  float sh[R][H];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float f[V];
+    unpack<T, V>(raw[r], f);
+#pragma unroll
+    for (int m = 0; m < H; ++m) sh[r][m] = __shfl_sync(kFullMask, f[V - H + m], ps.ls + ps.seg - 1, ps.seg);
+  }
+  T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float xw[H + V];
+    unpack<T, V>(raw[r], xw + H);
+#pragma unroll
+    for (int m = 0; m < H; ++m) xw[m] = !lead ? sh[r][m] : (r > 0 ? sh[r - 1][m] : hv[m]);
+    float y[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc = fmaf(w[k], xw[i + k], acc);
+      y[i] = act(acc, p.silu);
+    }
+    if (ps.q.live) store_run<T, V>(orow, ps.first + r * ps.stride, L, p.out.s[2], plan.vec, y);
   }
 }
 

@@ -43,8 +43,8 @@ Status launch_fwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) fwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan);
-      else if (plain_call(p)) fwd_rows<T, W, true><<<grid, kThreads, 0, s>>>(p, plan);
-      else fwd_rows<T, W, false><<<grid, kThreads, 0, s>>>(p, plan);
+      else if (plain_call(p)) fwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan);
+      else fwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan);
     });
     if (!ok) return bad_width("conv1d forward", p.width);
     if (Status st = launch_status("conv1d forward"); st != SELSCAN_STATUS_SUCCESS) return st;
@@ -67,8 +67,8 @@ Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) bwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
-      else if (plain_bwd(p)) bwd_rows<T, W, true><<<grid, kThreads, 0, s>>>(p, plan, ws);
-      else bwd_rows<T, W, false><<<grid, kThreads, 0, s>>>(p, plan, ws);
+      else if (plain_bwd(p)) bwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
+      else bwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
     });
     if (!ok) return bad_width("conv1d backward", p.width);
     if (Status st = launch_status("conv1d backward"); st != SELSCAN_STATUS_SUCCESS) return st;
@@ -93,7 +93,8 @@ Status launch_update(const Conv1dUpdate& p, const Conv1dPlan& plan, const cuda::
   const dim3 grid(static_cast<unsigned>(plan.blocks));
   const bool ok = by_width(p.width, [&](auto wc) {
     constexpr int W = decltype(wc)::value;
-    update_kernel<T, W><<<grid, kThreads, 0, s>>>(p, plan);
+    if (p.state_t == Dtype::f32) update_kernel<T, float, W><<<grid, kThreads, 0, s>>>(p, plan);
+    else update_kernel<T, T, W><<<grid, kThreads, 0, s>>>(p, plan);
   });
   if (!ok) return bad_width("conv1d update", p.width);
   return launch_status("conv1d update");

@@ -215,9 +215,13 @@ namespace conv1d {
 // Channels a thread of the channel-last forward owns: 8 bytes of a 16-bit itype, 16 of fp32 (8 channels took it to
 // 141 registers, 3 blocks per SM: too few bytes in flight).
 constexpr int kItems = 4;
-// Steps a thread of the row kernels owns: 32 bytes of its row (two 16-byte loads in flight per tensor).
+// Steps a thread of the row kernels owns: 32 bytes of its row (two 16-byte loads in flight per tensor); the plain
+// calls' kernels 64 bytes, four 16-byte runs interleaved over the lanes (their setup is paid once per 64 bytes).
 constexpr int kRowBytes = 32;
-SELSCAN_HD constexpr int row_items(Dtype t) { return kRowBytes / (t == Dtype::f32 ? 4 : 2); }
+constexpr int kPlainRowBytes = 64;
+SELSCAN_HD constexpr int row_items(Dtype t, bool plain) {
+  return (plain ? kPlainRowBytes : kRowBytes) / (t == Dtype::f32 ? 4 : 2);
+}
 constexpr int kThreads = 128;  // threads per block of the main kernels
 // Channel-last kernels: a block is row_threads lanes along channels (row_threads * items channels) by
 // kThreads / row_threads time groups, each walking `chunk` steps. The forward: kClLanes lanes of kItems channels

@@ -365,7 +365,7 @@ bool conv1d_shape(const Conv1d& p, const DeviceProps& dev, bool bwd, Conv1dPlan*
     pl->blocks = rows * ceil_div(p.dim, int64_t{pl->row_threads} * pl->items) * pl->tiles;
   } else {
     pl->kernel = Conv1dKernel::rows;
-    pl->items = row_items(p.itype);
+    pl->items = row_items(p.itype, bwd ? p.plain_bwd() : p.plain_fwd());
     pl->vec = p.layout == Layout::channel_first && conv1d_vec_ok(p, bwd, 2, pl->items);
     int rt = 1;
     while (rt < kThreads && int64_t{rt} * pl->items < p.seqlen) rt *= 2;

@@ -74,7 +74,8 @@ TEST(Conv1dPlan, ChannelFirstRowKernelCoversEveryStep) {
     // A power of two of threads per row, as few as cover the row (up to a block).
     EXPECT_EQ(pl.row_threads & (pl.row_threads - 1), 0);
     EXPECT_LE(pl.row_threads, k::kThreads);
-    EXPECT_EQ(pl.items, k::row_items(Dtype::bf16));
+    EXPECT_EQ(pl.items, k::row_items(Dtype::bf16, true));  // a plain call: the 64-byte runs
+    EXPECT_EQ(pl.items, 32);
     EXPECT_EQ(pl.chunk, int64_t{pl.row_threads} * pl.items);
     EXPECT_GE(pl.chunk * pl.tiles, L);
     EXPECT_LT(pl.chunk * (pl.tiles - 1), L);
@@ -108,11 +109,21 @@ TEST(Conv1dPlan, VectorIoOnlyWhenAligned) {
   p = dense(1, 24, 96, Layout::channel_first);
   p.x.s[0] = 7, p.out.s[0] = 7;
   EXPECT_TRUE(fwd(p).vec);
-  // fp32 rows of 4-float multiples are aligned; 16-bit rows need 8-element multiples. A thread owns 32 bytes.
+  // fp32 rows of 4-float multiples are aligned; 16-bit rows need 8-element multiples. A thread of the plain calls'
+  // kernels owns 64 bytes, of the others 32.
   EXPECT_TRUE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).vec);
-  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).items, 8);
+  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f32)).items, 16);
   EXPECT_FALSE(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).vec);
-  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).items, 16);
+  EXPECT_EQ(fwd(dense(2, 3, 4, Layout::channel_first, Dtype::f16)).items, 32);
+  int seq[1];
+  p = dense(2, 24, 96, Layout::channel_first);
+  p.seq_idx.p = seq;
+  EXPECT_EQ(fwd(p).items, 16);
+  EXPECT_EQ(bwd(p).items, 16);
+  p = dense(2, 24, 96, Layout::channel_first);
+  p.conv_states.p = g_buf;  // a pool: the forward's general kernel, the backward's plain one
+  EXPECT_EQ(fwd(p).items, 16);
+  EXPECT_EQ(bwd(p).items, 32);
 }
 
 TEST(Conv1dPlan, ChannelLastKernel) {
@@ -228,9 +239,9 @@ TEST(Conv1dPlan, OnePartPerChannelWritesTheWeightGradientsDirectly) {
   const Conv1dPlan longer = bwd(dense(1, 1536, 16 * (k::kThreads / k::kClBwdLanes) + 1, Layout::channel_last));
   EXPECT_GT(longer.tiles, 1);
   EXPECT_FALSE(longer.direct);
-  // Channel-first rows up to a block's run are one tile.
-  EXPECT_TRUE(bwd(dense(1, 64, 2048, Layout::channel_first)).direct);
-  EXPECT_FALSE(bwd(dense(1, 64, 2049, Layout::channel_first)).direct);
+  // Channel-first rows up to a block's run are one tile (a plain call's thread owns 32 bf16 steps).
+  EXPECT_TRUE(bwd(dense(1, 64, 4096, Layout::channel_first)).direct);
+  EXPECT_FALSE(bwd(dense(1, 64, 4097, Layout::channel_first)).direct);
   EXPECT_FALSE(fwd(dense(1, 64, 64, Layout::channel_first)).direct);  // forward: no gradients
 }
 
