@@ -380,11 +380,15 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
   const auto s = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
-    if (plan.kernel == StateUpdatePlan::kLean) {
-      // One sequence a block row (the plan keeps batch <= 65535).
-      if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);
-      else state_update_lean<S, false><<<grid(1), kThreads, 0, s>>>(p, plan);
-    } else if (p.dst != nullptr) {
+    if constexpr (sizeof(S) == 2) {  // the plan gives the lean kernel 16-bit states only
+      if (plan.kernel == StateUpdatePlan::kLean) {
+        // One sequence a block row (the plan keeps batch <= 65535).
+        if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);
+        else state_update_lean<S, false><<<grid(1), kThreads, 0, s>>>(p, plan);
+        return;
+      }
+    }
+    if (p.dst != nullptr) {
       state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);
     } else {
       state_update_kernel<S, false><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);

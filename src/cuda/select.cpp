@@ -465,6 +465,10 @@ bool lane_vec_ok(const void* base, Dtype t, int64_t dstate, int states, int64_t 
 
 // The lean kernel's plan, when the call is its case (see StateUpdatePlan); false otherwise.
 bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
+  // 16-bit state only: with fp32 state (4 states a thread) the lean kernel measured slower than the general one
+  // (run 45, H200, Mamba-2 Bt 64: 156 us against 134; validation/optimisation-log.md): a thread's fixed work over
+  // 4 states is more issue than the general kernel's 2 sequences x 8 states.
+  if (p.state_t == Dtype::f32) return false;
   const int states = StateUpdatePlan::lean_states(p.state_t);
   // One sequence a block row: grid.y's limit bounds the batch (larger batches loop in the general kernel).
   if (p.tokens != 1 || p.batch > 65535 || p.dstate % states != 0) return false;
