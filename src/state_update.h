@@ -52,11 +52,11 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 
 // How the CUDA kernel serves a call, decided on the host by plan_state_update (src/cuda/select.h; tested on the
 // CPU). Two kernels (kernels/decode/state_update.cu):
-//   - kLean, the common case: one token, at most 65535 sequences, dstate = lanes * lean_states(state dtype) with
-//     lanes a power of two <= 32 (fp32 state: dstate 4, 8, ..., 128; 16-bit: 8, 16, ..., 256), the state, B and C
-//     contiguous over n and aligned for one load of a lane's values (fp32 B and C only with an fp32 state), A
-//     constant over n (`a_const`: one exp a thread) or aligned likewise. A thread owns one sequence and 16 bytes
-//     of one channel's state.
+//   - kLean, the common case: one token, a 16-bit state (fp32 states measured faster on kGeneral), at most 65535
+//     sequences, dstate = lanes * lean_states(state dtype) with lanes a power of two <= 32 (dstate 8, 16, ...,
+//     256), the state, B and C (16-bit) contiguous over n and aligned for one load of a lane's values, A constant
+//     over n (`a_const`: one exp a thread) or aligned likewise. A thread owns one sequence and 16 bytes of one
+//     channel's state.
 //   - kGeneral, everything else: `lanes` adjacent threads per channel (a power of two: N / kStatesPerLane rounded
 //     up, at most 32), each owning kStatesPerLane consecutive states, several sequences a thread; the vec_* flags
 //     say which tensors allow 16-byte loads of a lane's states (unit state stride, dstate a multiple of

@@ -211,6 +211,8 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
 }
 
 // ---------------------------------------------------------------------------------------------- lean kernel
+// Launched for 16-bit states only (the plan): its fp32 form (4 states a lane, below) measured slower than the
+// general kernel (run 45), and stays written for the next attempt (8 fp32 states a lane).
 // 16 bytes of state a lane: 4 fp32 or 8 16-bit states. The bytes in flight per SM are what the call's speed follows
 // (mamba_ssm's Triton kernel: 16 bytes a thread with fp32 state, 8 with 16-bit, at ~2000 resident threads; its
 // 16-bit-state step takes as long as its fp32 one for half the bytes).
