@@ -267,13 +267,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     }
   }
   float sh[R][H];  // each run's last H inputs, from the previous lane
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float f[V];
-    unpack<T, V>(xraw[r], f);
-#pragma unroll
-    for (int m = 0; m < H; ++m) sh[r][m] = __shfl_sync(kFullMask, f[V - H + m], ps.ls + ps.seg - 1, ps.seg);
-  }
+  prev_tails<T, V, R, H>(ps, xraw, sh);
 
   float acc[W + 1];
 #pragma unroll

@@ -190,6 +190,18 @@ __device__ __forceinline__ PlainSpot plain_spot(const Conv1d& p, const Conv1dPla
   return s;
 }
 
+// Each run's last H inputs, taken from the previous lane of the segment (lane 0 gets the last lane's).
+template <typename T, int V, int R, int H>
+__device__ __forceinline__ void prev_tails(const PlainSpot& ps, const Raw<T, V> (&raw)[R], float (&sh)[R][H]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float f[V];
+    unpack<T, V>(raw[r], f);
+#pragma unroll
+    for (int m = 0; m < H; ++m) sh[r][m] = __shfl_sync(kFullMask, f[V - H + m], ps.ls + ps.seg - 1, ps.seg);
+  }
+}
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv1dPlan plan) {
   constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, H = W - 1;
@@ -206,15 +218,8 @@ __global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv
   const bool lead = ps.ls == 0;
   float hv[H];
   if (lead) load_halo<T, H>(p, xr, ps.ws, xs, true, b, d, hv);
-  // Each run's last H inputs from the previous lane (for lane 0: from the last lane).
   float sh[R][H];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float f[V];
-    unpack<T, V>(raw[r], f);
-#pragma unroll
-    for (int m = 0; m < H; ++m) sh[r][m] = __shfl_sync(kFullMask, f[V - H + m], ps.ls + ps.seg - 1, ps.seg);
-  }
+  prev_tails<T, V, R, H>(ps, raw, sh);
   T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
