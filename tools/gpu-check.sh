@@ -23,7 +23,8 @@
 # causal-conv1d beside selscan's conv1d, steps not part of all either:
 #   conv-upstream  CONV_UPSTREAM_SRC (a causal-conv1d checkout or `git archive` export, inside the tree when the
 #                  tree is copied to the GPU machine, e.g. an ignored .upstream-conv/): its causal_conv1d_cuda built
-#                  into $BUILD/conv-upstream (bench/build_causal_conv1d.py; ptxas lines in conv-upstream-build.log)
+#                  into $BUILD/conv-upstream (bench/build_causal_conv1d.py; ptxas lines in conv-upstream-build.log);
+#                  or CONV_UPSTREAM_BUILD, an earlier build's folder, reused (CONV_UPSTREAM_PARTS: see below)
 #   conv-golden    tests/data/conv1d_golden/make_goldens.py with that build: $OUT/conv1d_golden.tar.gz (unpack it
 #                  with `tar -xzf conv1d_golden.tar.gz -C tests/data`), exit 2 when a case was left out
 #   conv-bench     selscan_bench's conv1d/ rows (conv-bench.json) and bench/upstream_conv1d.py's (conv-upstream.json)
@@ -173,14 +174,26 @@ if want ddp; then
   note "ddp ($nproc GPU): rc=$?, $(grep -E '^(PASS|FAIL)$' "$OUT/ddp.log" | tail -1)"
 fi
 
-# causal-conv1d's build (upstream of selscan's conv1d), its golden vectors and its benchmark rows.
+# causal-conv1d's build (upstream of selscan's conv1d), its golden vectors and its benchmark rows. CONV_UPSTREAM_BUILD:
+# a folder holding an earlier build's causal_conv1d_cuda*.so and causal_conv1d/ package (what step conv-upstream
+# leaves in $BUILD/conv-upstream) used instead of building again (4-7 minutes); CONV_UPSTREAM_PARTS=1 makes step
+# conv-upstream also write the .so to $OUT in two parts (conv-upstream.so.part.00/01, each under 16 MiB, for a
+# machine that copies back only small files: `cat` them together) and the package as conv-upstream-pkg.tgz.
 case $BUILD in /*) conv_pp=$BUILD/conv-upstream ;; *) conv_pp=$PWD/$BUILD/conv-upstream ;; esac
+if [ -n "${CONV_UPSTREAM_BUILD:-}" ]; then conv_pp=$(cd "$CONV_UPSTREAM_BUILD" && pwd); fi
 if named conv-upstream; then
-  if [ -n "${CONV_UPSTREAM_SRC:-}" ]; then
+  if [ -n "${CONV_UPSTREAM_BUILD:-}" ]; then
+    note "conv-upstream: using the build in $conv_pp (CONV_UPSTREAM_BUILD)"
+  elif [ -n "${CONV_UPSTREAM_SRC:-}" ]; then
     t0=$(date +%s)
     python3 bench/build_causal_conv1d.py "$CONV_UPSTREAM_SRC" --out "$conv_pp" --arch "$ARCH" --jobs "$JOBS" \
       --verbose >"$OUT/conv-upstream-build.log" 2>&1
     note "conv-upstream: causal_conv1d_cuda build rc=$? ($(( $(date +%s) - t0 )) s, conv-upstream-build.log)"
+    so=$(ls "$conv_pp"/causal_conv1d_cuda*.so 2>/dev/null | head -1)
+    if [ "${CONV_UPSTREAM_PARTS:-0}" = 1 ] && [ -n "$so" ]; then
+      split -n 2 -d "$so" "$OUT/conv-upstream.so.part." && tar -czf "$OUT/conv-upstream-pkg.tgz" -C "$conv_pp" causal_conv1d
+      note "conv-upstream: $(basename "$so") in two parts and the package in \$OUT (cat the parts into that name)"
+    fi
   else
     note "conv-upstream: CONV_UPSTREAM_SRC not set (a causal-conv1d checkout; steps conv-golden and conv-bench need it)"
   fi
