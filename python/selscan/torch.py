@@ -605,3 +605,10 @@ __all__ += ["selective_state_update", "selective_state_update_op"]
 from ._conv1d_torch import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 
 __all__ += ["causal_conv1d_fn", "causal_conv1d_update"]
+
+
+# ------------------------------------------------------------------------------------------- fused Mamba-1 layer
+# selscan.torch.mamba_inner_fn: mamba_ssm's, on the conv1d and scan above (_inner.py).
+from ._inner import MambaInnerFn, mamba_inner_fn  # noqa: E402
+
+__all__ += ["mamba_inner_fn", "MambaInnerFn"]

@@ -1,0 +1,316 @@
+"""mamba_ssm's mamba_inner_fn (the fused Mamba-1 layer of transformers' MambaMixer fast path) on libselscan's causal
+conv1d and selective scan:
+
+    xz (batch, 2*dim, seqlen) -> x, z -> conv = silu(causal_conv1d(x) + bias) -> x_dbl = x_proj @ conv
+    -> delta = dt_proj @ x_dbl[:dt_rank], B = x_dbl[dt_rank:dt_rank+N], C = x_dbl[-N:] (optional RMS norms)
+    -> y = selective_scan(conv, delta, A, B, C, D, z, delta_bias, softplus) -> out_proj(y)
+
+Same signature and meaning as mamba_ssm.ops.selective_scan_interface.mamba_inner_fn. The backward recomputes the
+conv output, delta and the projected B / C (checkpoint_lvl=1, the default; 0 saves conv output and delta) from
+xz and x_dbl, so the graph keeps xz, x_dbl, the scan's pre-gate output and its chunk states, plus the weights.
+
+Differences from upstream, each where upstream's result is wrong: the RMS norms are differentiated (upstream
+passes dB / dC / ddelta through them unchanged and returns no gradient for their weights, and with
+checkpoint_lvl=1 normalises B and C a second time before its scan backward); x_proj's rows of a B or C given by
+the caller get a zero gradient (upstream's are uninitialised memory); the weights are cast to the matmul dtype
+also without autocast (upstream then requires them in xz's dtype).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from . import _conv1d, _lib
+from . import torch as _sst  # selscan.torch (this module is imported at its end): its scan entry points
+from ._lib import SelscanError
+
+__all__ = ["mamba_inner_fn", "MambaInnerFn"]
+
+
+def _autocast_dtype(device_type):
+    """The autocast dtype when autocast is on for device_type, else None."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return None
+    except (TypeError, AttributeError):  # torch < 2.4: CUDA only
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        return None
+
+
+def _cast(t, dtype):
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _along(w, dim, ndim):
+    """w (n,) shaped to broadcast along dimension `dim` of an ndim-dimensional tensor."""
+    dim = dim % ndim
+    return w.reshape((-1,) + (1,) * (ndim - dim - 1))
+
+
+def _rms(x, w, eps, dim):
+    """mamba_ssm's rms_norm_forward along `dim`: computed in float32, returned in x's dtype."""
+    xf = x.float()
+    r = torch.rsqrt(xf.square().mean(dim, keepdim=True) + eps)
+    return (xf * r * _along(w.float(), dim, x.dim())).to(x.dtype)
+
+
+def _rms_bwd(g, x, w, eps, dim):
+    """(dx float32, dw float32) of y = _rms(x, w, eps, dim) for the gradient g of y."""
+    xf, gf = x.float(), g.float()
+    r = torch.rsqrt(xf.square().mean(dim, keepdim=True) + eps)
+    xhat = xf * r
+    others = [d for d in range(x.dim()) if d != dim % x.dim()]
+    dw = (gf * xhat).sum(others)
+    gx = gf * _along(w.float(), dim, x.dim())
+    dx = r * (gx - xhat * (gx * xhat).mean(dim, keepdim=True))
+    return dx, dw
+
+
+def _interleave(t, ds):
+    """Projected B / C of complex A: x_dbl rows (batch, 2N, L) as (n, re/im) pairs -> (batch, N, 2L) with
+    Re/Im interleaved along L, the library's layout of complex variable B / C."""
+    b, _, L = t.shape
+    return t.reshape(b, ds // 2, 2, L).transpose(2, 3).reshape(b, ds // 2, 2 * L)
+
+
+def _deinterleave(t, ds):
+    b, n, L2 = t.shape
+    return t.reshape(b, n, L2 // 2, 2).transpose(2, 3).reshape(b, ds, L2 // 2)
+
+
+class _Cfg:
+    __slots__ = ("dm", "rank", "ds", "adt", "mdt", "cplx", "eps", "softplus", "lvl", "given_B", "given_C",
+                 "in_dtypes", "w_shape", "dev")
+
+
+def _bc(cfg, x_dbl, given, proj_bias, rms_w, first):
+    """The scan's B (first) or C: projected from x_dbl (+ bias, RMS norm) unless given. Also returns the
+    pre-norm value the RMS backward needs (None without a norm)."""
+    if given is not None:
+        pre = given
+        if rms_w is None:
+            return given, None
+        dim = -1 if given.dim() == 2 else -2
+        return _rms(given, rms_w, cfg.eps, dim), pre
+    lo = cfg.rank if first else x_dbl.shape[1] - cfg.ds
+    v = x_dbl[:, lo:lo + cfg.ds]
+    if proj_bias is not None:
+        v = v + _along(proj_bias.to(v.dtype), 1, 3)
+    pre = v if rms_w is not None else None
+    if rms_w is not None:
+        v = _rms(v, rms_w, cfg.eps, 1)
+    if cfg.cplx:
+        v = _interleave(v, cfg.ds)
+    return v.to(cfg.adt).unsqueeze(1), pre
+
+
+def _delta(cfg, x_dbl, dt_w, dt_rms_w):
+    """(delta in the activation dtype, pre-norm delta or None)."""
+    d = torch.matmul(dt_w, x_dbl[:, :cfg.rank])  # (batch, dim, L), L unit stride
+    if dt_rms_w is None:
+        return d.to(cfg.adt), None
+    return _rms(d, dt_rms_w, cfg.eps, 1).to(cfg.adt), d
+
+
+def _conv_fwd(x, w, bias):
+    out, _, _ = _conv1d.conv1d_fwd(x, w, bias, None, None, None, False, True)
+    return out
+
+
+def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus):
+    """(out before the z gate, out * silu(z), chunk states or None) from the library's forward."""
+    want_x = u.shape[-1] > _lib.CHUNK
+    r = _sst._fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, False)
+    if r is None:
+        out, out_z, x, _ = _sst._fwd_impl(*_sst._ready(u, delta, A, B, C, D, z, bias), softplus)
+        return out, out_z, x if want_x else None
+    _, (out, out_z, x, _) = r
+    return out, out_z, x
+
+
+def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det):
+    """The library's (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias), None where absent; separate allocations so
+    each is freed as soon as it is consumed."""
+    ins = _sst._ready(u, delta, A, B, C, D, z, bias)
+    g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, separate=True)
+    if g is None:
+        g = _sst._bwd_impl(dy, *ins, x if x is not None else u.new_empty((0,)), out, softplus, det)
+        g = [None if t is None else gi for gi, t in zip(g, ins)]
+    return list(g)
+
+
+def _check(xz, conv1d_weight, x_proj_weight, delta_proj_weight, A, B, C, checkpoint_lvl, rms):
+    for name, t in (("xz", xz), ("conv1d_weight", conv1d_weight), ("x_proj_weight", x_proj_weight),
+                    ("delta_proj_weight", delta_proj_weight), ("A", A)):
+        if not isinstance(t, torch.Tensor):
+            raise SelscanError(f"{name} is a {type(t).__name__}; selscan.torch takes torch tensors",
+                               _lib.STATUS_INVALID_ARGUMENT)
+    if xz.dim() != 3 or xz.shape[1] % 2:
+        raise SelscanError(f"xz: expected (batch, 2*dim, seqlen); got shape {tuple(xz.shape)}",
+                           _lib.STATUS_SHAPE_MISMATCH)
+    if checkpoint_lvl not in (0, 1):
+        raise SelscanError(f"checkpoint_lvl: expected 0 or 1; got {checkpoint_lvl!r}", _lib.STATUS_INVALID_ARGUMENT)
+    dm = xz.shape[1] // 2
+    if conv1d_weight.numel() % max(dm, 1) or conv1d_weight.shape[0] != dm:
+        raise SelscanError(f"conv1d_weight: expected (dim, 1, width) with dim {dm}; got shape "
+                           f"{tuple(conv1d_weight.shape)}", _lib.STATUS_SHAPE_MISMATCH)
+    ds = A.shape[-1] * (2 if A.is_complex() else 1)
+    rank = delta_proj_weight.shape[1] if delta_proj_weight.dim() == 2 else -1
+    need = rank + (ds if B is None else 0) + (ds if C is None else 0)
+    if (x_proj_weight.dim() != 2 or x_proj_weight.shape[1] != dm or delta_proj_weight.dim() != 2
+            or delta_proj_weight.shape[0] != dm or x_proj_weight.shape[0] < need):
+        raise SelscanError(f"x_proj_weight / delta_proj_weight: expected (>= {max(need, 0)}, {dm}) and (dim {dm}, "
+                           f"dt_rank); got {tuple(x_proj_weight.shape)} and {tuple(delta_proj_weight.shape)}",
+                           _lib.STATUS_SHAPE_MISMATCH)
+    if A.is_complex() and any(w is not None for w in rms):
+        raise SelscanError("b_rms_weight / c_rms_weight / dt_rms_weight: not supported with complex A (mamba_ssm's "
+                           "norm reads interleaved Re/Im as states)", _lib.STATUS_INVALID_ARGUMENT)
+
+
+class MambaInnerFn(torch.autograd.Function):
+    """mamba_ssm's MambaInnerFn: MambaInnerFn.apply(xz, conv1d_weight, conv1d_bias, x_proj_weight,
+    delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias,
+    delta_softplus, checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)."""
+
+    @staticmethod
+    def forward(ctx, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                out_proj_bias, A, B=None, C=None, D=None, delta_bias=None, B_proj_bias=None, C_proj_bias=None,
+                delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
+                b_c_dt_rms_eps=1e-6):
+        _check(xz, conv1d_weight, x_proj_weight, delta_proj_weight, A, B, C, checkpoint_lvl,
+               (b_rms_weight, c_rms_weight, dt_rms_weight))
+        cfg = _Cfg()
+        cfg.dev = xz.device.type
+        # Under autocast the matmuls run in its dtype (as upstream casts the weights); explicit casts below, so
+        # autocast is off inside and the backward computes in the same dtypes without it.
+        cfg.mdt = _autocast_dtype(cfg.dev) or xz.dtype
+        if xz.stride(-1) != 1:
+            xz = xz.contiguous()
+        cfg.adt, cfg.dm = xz.dtype, xz.shape[1] // 2
+        cfg.rank, cfg.cplx = delta_proj_weight.shape[1], A.is_complex()
+        cfg.ds = A.shape[-1] * (2 if cfg.cplx else 1)
+        cfg.eps, cfg.softplus, cfg.lvl = float(b_c_dt_rms_eps), bool(delta_softplus), checkpoint_lvl
+        cfg.given_B, cfg.given_C = B is not None, C is not None
+        cfg.w_shape = conv1d_weight.shape
+        with torch.autocast(cfg.dev, enabled=False):
+            x, z = xz[:, :cfg.dm], xz[:, cfg.dm:]
+            cw = conv1d_weight.reshape(cfg.dm, -1)
+            conv = _conv_fwd(x, cw, conv1d_bias)
+            x_dbl = torch.matmul(_cast(x_proj_weight, cfg.mdt), _cast(conv, cfg.mdt))  # (batch, K, L)
+            delta, _ = _delta(cfg, x_dbl, _cast(delta_proj_weight, cfg.mdt), dt_rms_weight)
+            Bs, _ = _bc(cfg, x_dbl, B, B_proj_bias, b_rms_weight, True)
+            Cs, _ = _bc(cfg, x_dbl, C, C_proj_bias, c_rms_weight, False)
+            out, out_z, states = _scan_fwd(conv, delta, A, Bs, Cs, _cast(D, torch.float32), z,
+                                           _cast(delta_bias, torch.float32), cfg.softplus)
+            y = F.linear(_cast(out_z, cfg.mdt).transpose(1, 2), _cast(out_proj_weight, cfg.mdt),
+                         _cast(out_proj_bias, cfg.mdt))
+        keep = (conv, delta) if checkpoint_lvl == 0 else (None, None)
+        ctx.save_for_backward(xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
+                              out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, b_rms_weight,
+                              c_rms_weight, dt_rms_weight, states, out, *keep)
+        ctx.cfg = cfg
+        return y
+
+    @staticmethod
+    def backward(ctx, dout):
+        (xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D,
+         delta_bias, B_proj_bias, C_proj_bias, b_rms_weight, c_rms_weight, dt_rms_weight, states, out, conv,
+         delta) = ctx.saved_tensors
+        cfg = ctx.cfg
+        need = ctx.needs_input_grad
+        det = torch.are_deterministic_algorithms_enabled()
+        mdt, adt, dm, r = cfg.mdt, cfg.adt, cfg.dm, cfg.rank
+        with torch.autocast(cfg.dev, enabled=False):
+            x, z = xz[:, :dm], xz[:, dm:]
+            xw, dtw, ow = (_cast(w, mdt) for w in (x_proj_weight, delta_proj_weight, out_proj_weight))
+            if conv is None:
+                conv = _conv_fwd(x, cw, conv1d_bias)
+                delta, _ = _delta(cfg, x_dbl, dtw, dt_rms_weight)
+            Bs, B_pre = _bc(cfg, x_dbl, B, B_proj_bias, b_rms_weight, True)
+            Cs, C_pre = _bc(cfg, x_dbl, C, C_proj_bias, c_rms_weight, False)
+            dout = _cast(dout, mdt)
+
+            # out_proj: its weight's gradient from out_z = out * silu(z), recomputed (elementwise) and dropped.
+            out_z = (out.float() * F.silu(z.float())).to(mdt)
+            d_ow = torch.einsum("ble,bdl->ed", dout, out_z) if need[5] else None
+            del out_z
+            d_ob = dout.sum((0, 1)) if out_proj_bias is not None and need[6] else None
+            dy = torch.matmul(ow.t(), dout.transpose(1, 2)).to(adt)  # (batch, dim, L)
+
+            du, ddelta, dA, dB, dC, dD, dz, ddb = _scan_bwd(
+                dy, conv, delta, A, Bs, Cs, _cast(D, torch.float32), z, _cast(delta_bias, torch.float32), states,
+                out, cfg.softplus, det)
+            del dy, delta, Bs, Cs
+            dxz = torch.empty_like(xz)
+            dxz[:, dm:].copy_(dz)
+            del dz
+
+            dx_dbl = torch.zeros_like(x_dbl)
+            if dt_rms_weight is not None:
+                _, d_pre = _delta(cfg, x_dbl, dtw, dt_rms_weight)
+                gd, d_dtrms = _rms_bwd(ddelta, d_pre, dt_rms_weight, cfg.eps, 1)
+                del d_pre
+                gd = gd.to(mdt)
+            else:
+                gd, d_dtrms = ddelta.to(mdt), None
+            del ddelta
+            d_dtw = torch.einsum("bdl,brl->dr", gd, x_dbl[:, :r]) if need[4] else None
+            dx_dbl[:, :r] = torch.matmul(dtw.t(), gd)
+            del gd
+
+            grads_bc = []
+            for g, pre, given, rms_w, pbias, first in ((dB, B_pre, B, b_rms_weight, B_proj_bias, True),
+                                                        (dC, C_pre, C, c_rms_weight, C_proj_bias, False)):
+                d_rms = d_pbias = d_given = None
+                if given is not None:
+                    if rms_w is not None:
+                        g, d_rms = _rms_bwd(g, pre, rms_w, cfg.eps, -1 if given.dim() == 2 else -2)
+                    d_given = _sst._match(g, given)
+                else:
+                    g = g.squeeze(1)
+                    if cfg.cplx:
+                        g = _deinterleave(g, cfg.ds)
+                    if rms_w is not None:
+                        g, d_rms = _rms_bwd(g, pre, rms_w, cfg.eps, 1)
+                    if pbias is not None:
+                        d_pbias = g.float().sum((0, 2))
+                    lo = r if first else x_dbl.shape[1] - cfg.ds
+                    dx_dbl[:, lo:lo + cfg.ds] += g.to(mdt)
+                grads_bc.append((d_given, d_pbias, d_rms))
+            del dB, dC, B_pre, C_pre
+
+            d_xw = torch.einsum("bkl,bdl->kd", dx_dbl, _cast(conv, mdt)) if need[3] else None
+            del conv
+            dconv = du.add_(torch.matmul(xw.t(), dx_dbl).to(du.dtype))
+            del du, dx_dbl
+            dx, dcw, dcb, _ = _conv1d.conv1d_bwd(dconv, x, cw, conv1d_bias, None, None, None, True, det, None, False)
+            del dconv
+            dxz[:, :dm].copy_(dx)
+            del dx
+
+        m = _sst._match
+        (dBg, dBpb, dbrms), (dCg, dCpb, dcrms) = grads_bc
+        return (dxz, m(dcw, cw).reshape(cfg.w_shape), m(dcb, conv1d_bias), m(d_xw, x_proj_weight),
+                m(d_dtw, delta_proj_weight), m(d_ow, out_proj_weight), m(d_ob, out_proj_bias), m(dA, A),
+                dBg if need[8] else None, dCg if need[9] else None, m(dD, D) if D is not None else None,
+                m(ddb, delta_bias) if delta_bias is not None else None,
+                m(dBpb, B_proj_bias) if need[12] else None, m(dCpb, C_proj_bias) if need[13] else None,
+                None, None,
+                m(dbrms, b_rms_weight) if need[16] else None, m(dcrms, c_rms_weight) if need[17] else None,
+                m(d_dtrms, dt_rms_weight) if need[18] else None, None)
+
+
+def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias,
+                   A, B=None, C=None, D=None, delta_bias=None, B_proj_bias=None, C_proj_bias=None,
+                   delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
+                   b_c_dt_rms_eps=1e-6):
+    """mamba_ssm's mamba_inner_fn: xz (batch, 2*dim, seqlen) (in_proj's output, transposed), conv1d_weight
+    (dim, 1, width), conv1d_bias (dim,) or None, x_proj_weight (dt_rank + 2*dstate, dim), delta_proj_weight
+    (dim, dt_rank), out_proj_weight (d_model, dim), out_proj_bias or None, A (dim, dstate) float32 or complex64;
+    B / C given (not projected): (dim, dstate) or (batch, 1, dstate, seqlen); D, delta_bias (dim,);
+    B_proj_bias / C_proj_bias (dstate,); b_rms_weight / c_rms_weight (dstate,), dt_rms_weight (dim,): RMS norms
+    (eps b_c_dt_rms_eps) of B, C and delta before the scan. Returns (batch, seqlen, d_model). Differentiable."""
+    return MambaInnerFn.apply(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                              out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus,
+                              checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)

@@ -1,0 +1,314 @@
+"""selscan.torch.mamba_inner_fn (mamba_ssm's fused Mamba-1 layer on the library's conv1d and scan) against a
+float64 reference written here from the layer's math (the conv and the scan as explicit loops): the output and
+every gradient, with and without each optional piece; that the backward recomputes the conv output and delta
+instead of saving them; CUDA tensors where available (skipped with the reason otherwise).
+
+Tolerances: the library computes in float32 (unit roundoff 6e-8) and the reference in float64. The largest chain
+is L <= 33 scan steps, each an exp, a multiply-add and an N <= 16-term reduction, inside reductions over at most
+B*L = 66 positions and D = 16 channels for the weight gradients: a few thousand roundings of quantities of the
+output's size, so errors stay below 1e-5 of the largest magnitude (measured); 2e-4 of it leaves a 20x margin
+while a gradient off by 1e-3 relative fails. 16-bit activations round every stored value (xz, conv output, delta,
+B, C, the scan's outputs; unit roundoff 2^-9 fp16, 2^-8 bf16): held to 1e-2 (fp16, measured 2e-3) and 4e-2
+(bf16, measured 2e-2) of the largest magnitude.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from selscan import _lib  # noqa: E402
+from selscan.torch import mamba_inner_fn  # noqa: E402
+from selscan._lib import SelscanError  # noqa: E402
+from conftest import torch_cuda_skip_reason  # noqa: E402
+
+needs_conv1d = pytest.mark.skipif(not hasattr(_lib.lib, "selscan_conv1d_fwd"),
+                                  reason=f"{_lib.library_path} has no selscan_conv1d_fwd (built before ABI 0.5)")
+_cuda_reason = torch_cuda_skip_reason()
+needs_cuda = pytest.mark.skipif(_cuda_reason is not None, reason=str(_cuda_reason))
+pytestmark = needs_conv1d
+
+NAMES = ("xz", "conv1d_weight", "conv1d_bias", "x_proj_weight", "delta_proj_weight", "out_proj_weight",
+         "out_proj_bias", "A", "B", "C", "D", "delta_bias", "B_proj_bias", "C_proj_bias", "b_rms_weight",
+         "c_rms_weight", "dt_rms_weight")
+
+
+# ------------------------------------------------------------------------------------------------ reference
+def _rms_ref(x, w, eps, dim):
+    shape = [1] * x.dim()
+    shape[dim % x.dim()] = -1
+    return x * torch.rsqrt(x.square().mean(dim, keepdim=True) + eps) * w.reshape(shape)
+
+
+def reference(t, softplus=True, eps=1e-6):
+    """The layer in float64 (complex128 for complex A) from t (name -> tensor or None), written from the math."""
+    xz = t["xz"]
+    bt, d2, L = xz.shape
+    dm = d2 // 2
+    x, z = xz[:, :dm], xz[:, dm:]
+    w = t["conv1d_weight"].reshape(dm, -1)
+    W = w.shape[1]
+    conv = torch.zeros_like(x)
+    for k in range(W):  # out[l] = sum_k w[k] x[l - (W-1) + k], x before 0 being 0
+        s = W - 1 - k
+        conv[:, :, s:] = conv[:, :, s:] + w[:, k, None] * x[:, :, :L - s]
+    if t["conv1d_bias"] is not None:
+        conv = conv + t["conv1d_bias"][:, None]
+    conv = conv * torch.sigmoid(conv)
+    A = t["A"]
+    cplx = A.is_complex()
+    N = A.shape[1]
+    ds = N * (2 if cplx else 1)
+    R = t["delta_proj_weight"].shape[1]
+    x_dbl = torch.einsum("kd,bdl->bkl", t["x_proj_weight"], conv)
+    delta = torch.einsum("dr,brl->bdl", t["delta_proj_weight"], x_dbl[:, :R])
+    if t["dt_rms_weight"] is not None:
+        delta = _rms_ref(delta, t["dt_rms_weight"], eps, 1)
+
+    def bc(name, lo, pbias, rms):
+        if t[name] is not None:
+            v = t[name]
+            if t[rms] is not None:
+                v = _rms_ref(v, t[rms], eps, -1 if v.dim() == 2 else -2)
+            return v if v.dim() == 2 else v[:, 0]  # (D, N) or (batch, N, L)
+        v = x_dbl[:, lo:lo + ds]
+        if t[pbias] is not None:
+            v = v + t[pbias][:, None]
+        if t[rms] is not None:
+            v = _rms_ref(v, t[rms], eps, 1)
+        if cplx:  # rows are (state, re/im) pairs
+            v = torch.complex(v[:, 0::2], v[:, 1::2])
+        return v
+
+    Bm = bc("B", R, "B_proj_bias", "b_rms_weight")
+    Cm = bc("C", x_dbl.shape[1] - ds, "C_proj_bias", "c_rms_weight")
+    if t["delta_bias"] is not None:
+        delta = delta + t["delta_bias"][:, None]
+    if softplus:
+        delta = F.softplus(delta)
+    h = torch.zeros(bt, dm, N, dtype=A.dtype)
+    ys = []
+    for i in range(L):
+        dl = delta[:, :, i, None]
+        b_i = Bm[None] if Bm.dim() == 2 else Bm[:, None, :, i]
+        c_i = Cm[None] if Cm.dim() == 2 else Cm[:, None, :, i]
+        h = torch.exp(dl * A) * h + dl * b_i * conv[:, :, i, None]
+        y = (h * c_i).sum(-1)
+        ys.append(2 * y.real if cplx else y)
+    y = torch.stack(ys, 2)
+    if t["D"] is not None:
+        y = y + t["D"][:, None] * conv
+    y = y * z * torch.sigmoid(z)
+    out = torch.einsum("bdl,ed->ble", y, t["out_proj_weight"])
+    if t["out_proj_bias"] is not None:
+        out = out + t["out_proj_bias"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def make(gen, bt=2, dm=16, L=33, N=8, R=4, W=4, E=12, cplx=False, optional=True, rms=False, proj_bias=False,
+         given_B=None, given_C=None):
+    """Random float64 inputs at scales that keep the layer well conditioned (softplus'd delta ~ 0.1-1, decaying
+    states). given_B / given_C: None (projected), "const" (dim, dstate) or "var" (batch, 1, dstate, seqlen)."""
+    def rn(*s, scale=1.0):
+        return torch.randn(*s, generator=gen, dtype=torch.float64) * scale
+
+    ds = N * (2 if cplx else 1)
+    K = R + (ds if given_B is None else 0) + (ds if given_C is None else 0)
+    t = dict.fromkeys(NAMES)
+    t["xz"] = rn(bt, 2 * dm, L)
+    t["conv1d_weight"] = rn(dm, 1, W, scale=0.5)
+    t["x_proj_weight"] = rn(K, dm, scale=dm ** -0.5)
+    t["delta_proj_weight"] = rn(dm, R, scale=R ** -0.5)
+    t["out_proj_weight"] = rn(E, dm, scale=dm ** -0.5)
+    a = -(0.5 + torch.rand(dm, N, generator=gen, dtype=torch.float64))
+    t["A"] = torch.complex(a, rn(dm, N)) if cplx else a
+    if optional:
+        t["conv1d_bias"] = rn(dm, scale=0.3)
+        t["out_proj_bias"] = rn(E, scale=0.3)
+        t["D"] = rn(dm)
+        t["delta_bias"] = rn(dm, scale=0.3) - 1.0
+    if rms:
+        t["b_rms_weight"] = 1.0 + rn(N, scale=0.2)
+        t["c_rms_weight"] = 1.0 + rn(N, scale=0.2)
+        t["dt_rms_weight"] = 1.0 + rn(dm, scale=0.2)
+    if proj_bias:
+        t["B_proj_bias"] = rn(ds, scale=0.3)
+        t["C_proj_bias"] = rn(ds, scale=0.3)
+    for name, kind in (("B", given_B), ("C", given_C)):
+        if kind == "const":
+            t[name] = rn(dm, N)
+        elif kind == "var":
+            t[name] = rn(bt, 1, N, L)
+    return t
+
+
+def lib_inputs(t, act=torch.float32, device="cpu"):
+    """The library's copies: float32 weights (complex64 A), xz (and given variable B / C) in `act`."""
+    r = {}
+    for name, v in t.items():
+        if v is None:
+            r[name] = None
+            continue
+        dt = torch.complex64 if v.is_complex() else (act if name == "xz" or (name in "BC" and v.dim() == 4)
+                                                     else torch.float32)
+        r[name] = v.detach().to(device=device, dtype=dt).requires_grad_(True)
+    return r
+
+
+def call(t, softplus=True, eps=1e-6, lvl=1):
+    return mamba_inner_fn(t["xz"], t["conv1d_weight"], t["conv1d_bias"], t["x_proj_weight"],
+                          t["delta_proj_weight"], t["out_proj_weight"], t["out_proj_bias"], t["A"], t["B"], t["C"],
+                          t["D"], t["delta_bias"], t["B_proj_bias"], t["C_proj_bias"], softplus, lvl,
+                          t["b_rms_weight"], t["c_rms_weight"], t["dt_rms_weight"], eps)
+
+
+def check(t, rel=2e-4, softplus=True, eps=1e-6, lvl=1, act=torch.float32, device="cpu", seed=0):
+    """Output and every present input's gradient of sum(out * g) (g random) against the float64 reference."""
+    names = [n for n in NAMES if t[n] is not None]
+    ref_in = {n: (v.clone().requires_grad_(True) if v is not None else None) for n, v in t.items()}
+    ref = reference(ref_in, softplus, eps)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    ref_grads = torch.autograd.grad((ref * g).sum(), [ref_in[n] for n in names])
+    li = lib_inputs(t, act, device)
+    out = call(li, softplus, eps, lvl)
+    assert out.shape == ref.shape
+    grads = torch.autograd.grad((out * g.to(device=device, dtype=out.dtype)).sum(), [li[n] for n in names])
+
+    def close(what, got, want):
+        got = got.detach().cpu().to(torch.complex128 if got.is_complex() else torch.float64)
+        assert got.shape == want.shape, what
+        assert torch.isfinite(torch.view_as_real(got) if got.is_complex() else got).all(), what
+        scale = want.abs().max().item()
+        err = (got - want).abs().max().item()
+        assert err <= rel * max(scale, 1e-3), f"{what}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+    close("out", out, ref.detach())
+    for n, gl, gr in zip(names, grads, ref_grads):
+        assert gl.dtype == li[n].dtype, n
+        close(f"d{n}", gl, gr)
+
+
+# ------------------------------------------------------------------------------------------------ tests
+CASES = {
+    "full": dict(),
+    "no_optional": dict(optional=False),
+    "rms": dict(rms=True),
+    "rms_proj_bias": dict(rms=True, proj_bias=True),
+    "proj_bias_small": dict(proj_bias=True, dm=8, L=8, N=4, R=2),
+    "B_const": dict(given_B="const"),
+    "C_var": dict(given_C="var"),
+    "both_given_rms": dict(given_B="var", given_C="const", rms=True),
+    "complex_A": dict(cplx=True, N=4, dm=8, L=17),
+    "L1": dict(L=1, dm=8, N=4, R=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_against_reference(case, seed):
+    t = make(torch.Generator().manual_seed(1000 * seed + len(case)), **CASES[case])
+    check(t, seed=seed)
+
+
+@pytest.mark.parametrize("lvl", [0, 1])
+def test_checkpoint_levels(lvl):
+    check(make(torch.Generator().manual_seed(7), rms=True), lvl=lvl)
+
+
+def test_no_softplus():
+    # delta as projected (may be negative): short sequence, small projections so exp(delta * A) stays bounded.
+    t = make(torch.Generator().manual_seed(11), L=8, dm=8, N=4, R=2)
+    t["delta_proj_weight"] = t["delta_proj_weight"] * 0.3
+    t["delta_bias"] = t["delta_bias"].abs() + 0.5
+    check(t, softplus=False)
+
+
+def test_eps():
+    check(make(torch.Generator().manual_seed(12), rms=True), eps=0.5)
+
+
+@pytest.mark.parametrize("act,rel", [(torch.bfloat16, 4e-2), (torch.float16, 1e-2)])
+def test_16bit_activations(act, rel):
+    t = make(torch.Generator().manual_seed(13), rms=True)
+    check(t, rel=rel, act=act)
+
+
+def test_autocast_cpu():
+    """Under autocast the matmuls run in its dtype (weights float32 as transformers keeps them) and the
+    gradients come back in the weights' dtypes."""
+    t = make(torch.Generator().manual_seed(14))
+    ref = reference(dict(t))
+    li = lib_inputs(t, torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = call(li)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    assert li["x_proj_weight"].grad.dtype == torch.float32 and li["xz"].grad.dtype == torch.bfloat16
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 4e-2 * ref.abs().max().item()
+
+
+def _saved_numels(lvl):
+    bt, dm, L = 2, 16, 20
+    t = make(torch.Generator().manual_seed(15), bt=bt, dm=dm, L=L, N=4, R=2, rms=True)
+    li = lib_inputs(t)
+    sizes = []
+
+    def pack(x):
+        sizes.append(x.numel())
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        out = call(li, lvl=lvl)
+    out.sum().backward()
+    assert all(li[n].grad is not None for n in NAMES if li[n] is not None)
+    return sizes, bt * dm * L
+
+
+def test_backward_recomputes_conv_and_delta():
+    """The graph keeps one (batch, dim, seqlen) tensor, the scan's pre-gate output; the conv output and delta are
+    recomputed. checkpoint_lvl=0 keeps them: the count is able to see them."""
+    sizes, bdl = _saved_numels(1)
+    assert sizes.count(bdl) == 1, sizes
+    assert sizes.count(2 * bdl) == 1, sizes  # xz
+    assert sum(s for s in sizes if s >= bdl) == 3 * bdl, sizes
+    sizes0, _ = _saved_numels(0)
+    assert sizes0.count(bdl) == 3, sizes0
+
+
+def test_no_grad_matches():
+    t = make(torch.Generator().manual_seed(16))
+    li = lib_inputs(t)
+    with torch.no_grad():
+        a = call(li)
+    b = call(li)
+    assert torch.equal(a, b.detach())
+
+
+def test_bad_arguments():
+    t = lib_inputs(make(torch.Generator().manual_seed(17), dm=8, L=8, N=4, R=2))
+    with pytest.raises(SelscanError, match="checkpoint_lvl"):
+        call(t, lvl=2)
+    bad = dict(t)
+    bad["xz"] = t["xz"][:, :15]
+    with pytest.raises(SelscanError, match="xz"):
+        call(bad)
+    bad = dict(t)
+    bad["x_proj_weight"] = t["x_proj_weight"][:5]
+    with pytest.raises(SelscanError, match="x_proj_weight"):
+        call(bad)
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", ["full", "rms_proj_bias", "B_const", "complex_A"])
+def test_cuda_against_reference(case):
+    t = make(torch.Generator().manual_seed(21), **CASES[case])
+    check(t, device="cuda")
+
+
+@needs_cuda
+def test_cuda_bf16_long():
+    """A sequence longer than one chunk (the saved chunk states are read) with bf16 activations."""
+    t = make(torch.Generator().manual_seed(22), L=2100, dm=16, N=8, R=4, rms=True)
+    check(t, rel=5e-2, act=torch.bfloat16, device="cuda")
