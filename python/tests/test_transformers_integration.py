@@ -1,0 +1,265 @@
+"""selscan.integrations.transformers.enable(): transformers' MambaForCausalLM and FalconMambaForCausalLM, their
+model code untouched, run the fused training call, the conv1d, the scan, the conv update and the decode step
+through selscan, and give the model's own results (its pure-PyTorch path, the reference): logits, every parameter
+gradient, greedy generate() tokens. fp32 on CPU. Skipped without transformers."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+import selscan.torch as st  # noqa: E402
+from selscan.integrations import transformers as sst  # noqa: E402
+
+mm = pytest.importorskip("transformers.models.mamba.modeling_mamba", reason="this transformers has no Mamba model")
+
+# Tolerances, fp32: both paths compute in float32 and differ in summation order (the reference scan runs a Python
+# loop of per-step matmuls, selscan a fused recurrence; the reference conv1d is F.conv1d) and in exp/softplus
+# implementations, a few ulps per step. Over 2 layers and 24 steps that stays below ~1e-5 relative (measured:
+# <= 1e-6 for the logits); 1e-4 for logits and 1e-3 (relative L2, per parameter) for gradients leave room for
+# other CPUs' vector paths and still catch any semantic slip (a wrong bias, softplus, gate or a missing D term
+# moves the logits by 1e-2 or more).
+LOGIT_TOL = 1e-4
+GRAD_TOL = 1e-3
+SELSCAN_FNS = ("selective_scan_fn", "selective_state_update", "causal_conv1d_fn", "causal_conv1d_update",
+               "mamba_inner_fn")
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    sst.disable()
+    yield
+    sst.disable()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls of selscan.torch's functions (the adapters look them up at call time)."""
+    counts = dict.fromkeys(SELSCAN_FNS, 0)
+    for name in SELSCAN_FNS:
+        fn = getattr(st, name, None)
+        if fn is None:
+            continue
+
+        def counted(*a, _fn=fn, _name=name, **k):
+            counts[_name] += 1
+            return _fn(*a, **k)
+
+        monkeypatch.setattr(st, name, counted)
+    return counts
+
+
+def _mamba(seed=0, **kw):
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(seed)
+    kw.setdefault("use_bias", True)  # in_proj / out_proj biases: out_proj's goes through mamba_inner_fn
+    cfg = MambaConfig(vocab_size=97, hidden_size=48, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                      time_step_rank=6, use_mambapy=False, **kw)
+    return _perturb(MambaForCausalLM(cfg).float())
+
+
+def _falcon(seed=0, **kw):
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = FalconMambaConfig(vocab_size=97, hidden_size=48, state_size=8, num_hidden_layers=2, expand=2,
+                            conv_kernel=4, time_step_rank=6, use_mambapy=False, **kw)
+    return _perturb(FalconMambaForCausalLM(cfg).float())
+
+
+def _perturb(model):
+    """The parameters a fresh model initialises to constants (conv1d and projection biases 0, D and the norms 1)
+    get random offsets, as a trained model's have: a term dropped or misplaced on either path then shows."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and float(p.std()) == 0.0:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _has_falcon():
+    try:
+        import transformers.models.falcon_mamba.modeling_falcon_mamba  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+MODELS = [pytest.param(_mamba, id="mamba"),
+          pytest.param(_falcon, id="falcon_mamba",
+                       marks=pytest.mark.skipif(not _has_falcon(), reason="this transformers has no FalconMamba"))]
+
+
+def _ids(batch=2, seqlen=24, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 97, (batch, seqlen), generator=g)
+
+
+def _train_step(model, ids):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                 if p.grad is not None}
+
+
+def _x_proj_calls(model):
+    """Counts the mixers' x_proj module calls: the fused call (mamba_inner_fn) uses x_proj's weight without
+    calling the module, the unfused path calls it once per layer."""
+    n = [0]
+    for layer in model.backbone.layers:
+        layer.mixer.x_proj.register_forward_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+    return n
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("inner", ["selscan", "composed"])
+@pytest.mark.parametrize("make", MODELS)
+def test_training_step_matches_the_model_s_own_path(make, inner, calls, monkeypatch):
+    """inner: the fused call on selscan.torch.mamba_inner_fn, or (as without one) composed of selscan's conv1d
+    and scan with torch's projections between them."""
+    if inner == "selscan" and not hasattr(st, "mamba_inner_fn"):
+        pytest.skip("this selscan has no selscan.torch.mamba_inner_fn")
+    if inner == "composed":
+        monkeypatch.delattr(st, "mamba_inner_fn", raising=False)
+    ref = make()
+    ours = copy.deepcopy(ref)
+    ids = _ids()
+    logits_ref, grads_ref = _train_step(ref, ids)
+    assert sum(calls.values()) == 0, f"the reference ran through selscan: {calls}"
+
+    sst.enable()
+    x_proj = _x_proj_calls(ours)
+    logits, grads = _train_step(ours, ids)
+    layers = len(ours.backbone.layers)
+    fused = make is _mamba  # FalconMamba's fused call is declined (the model's own dt-norm definition)
+    if fused:
+        assert x_proj[0] == 0, "MambaMixer did not take the fused path (mamba_inner_fn returned None)"
+        if hasattr(st, "mamba_inner_fn"):
+            assert calls["mamba_inner_fn"] == layers, calls
+        else:
+            assert calls["causal_conv1d_fn"] == layers and calls["selective_scan_fn"] == layers, calls
+    else:
+        assert x_proj[0] == layers
+        assert calls["causal_conv1d_fn"] == layers and calls["selective_scan_fn"] == layers, calls
+
+    assert torch.isfinite(logits).all()
+    err = _rel(logits, logits_ref)
+    assert err <= LOGIT_TOL, f"logits max |diff| / max |ref| = {err:.2e}"
+    assert grads.keys() == grads_ref.keys()
+    assert len(grads) == sum(1 for p in ours.parameters() if p.requires_grad)
+    for name, g_ref in grads_ref.items():
+        g = grads[name]
+        denom = g_ref.norm().item()
+        assert denom > 0, f"{name}: zero reference gradient, the comparison would say nothing"
+        e = (g - g_ref).norm().item() / denom
+        assert e <= GRAD_TOL, f"{name}: gradient relative L2 error {e:.2e}"
+
+
+@pytest.mark.parametrize("make", MODELS)
+def test_generate_gives_the_model_s_own_tokens(make, calls):
+    # Weights 25x the default scale: with the default one a random model's greedy output repeats one token, and
+    # a test of identical tokens would say little.
+    model = make(initializer_range=0.5).eval()
+    ids = _ids(batch=2, seqlen=12, seed=2)
+    new = 24
+
+    def gen():
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                                  do_sample=False, return_dict_in_generate=True, output_logits=True)
+
+    ref = gen()
+    assert sum(calls.values()) == 0
+    sst.enable()
+    ours = gen()
+    layers = len(model.backbone.layers)
+    # The prompt: one conv1d and one scan (with its last state) per layer; each later token: one conv update and
+    # one decode step per layer.
+    assert calls["causal_conv1d_fn"] == layers and calls["selective_scan_fn"] == layers, calls
+    assert calls["causal_conv1d_update"] == layers * (new - 1), calls
+    assert calls["selective_state_update"] == layers * (new - 1), calls
+    assert ours.sequences.shape == ref.sequences.shape == (2, 12 + new)
+    assert torch.equal(ours.sequences, ref.sequences), f"tokens differ:\n{ours.sequences}\n{ref.sequences}"
+    # Each step's logits too: the prefill's and every decode step's (the state carried from step to step).
+    assert len(ours.logits) == len(ref.logits) == new
+    for step, (a, b) in enumerate(zip(ours.logits, ref.logits)):
+        err = _rel(a, b)
+        assert err <= LOGIT_TOL, f"step {step}: logits max |diff| / max |ref| = {err:.2e}"
+    # The generated tokens vary (identical constant outputs would tell the paths apart poorly).
+    assert len(set(ref.sequences[:, 12:].flatten().tolist())) > 8
+
+
+def test_enable_disable_round_trip(calls):
+    originals = {n: getattr(mm, n) for n in sst._NAMES}
+    model = _mamba().eval()
+    ids = _ids()
+
+    def forward():
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=False).logits
+
+    ref = forward()
+    sst.enable()
+    sst.enable()  # idempotent: nothing wrapped twice
+    assert sst.is_enabled() and sst.is_enabled(mm.__name__)
+    assert all(getattr(mm, n) is not originals[n] for n in sst._NAMES)
+    assert len([1 for m, *_ in sst._saved if m is mm]) == len(sst._NAMES)
+    ours = forward()
+    n_enabled = dict(calls)
+    assert n_enabled["selective_scan_fn"] == 2 and n_enabled["causal_conv1d_fn"] == 2, n_enabled
+
+    sst.disable()
+    assert not sst.is_enabled()
+    assert all(getattr(mm, n) is originals[n] for n in sst._NAMES)
+    again = forward()
+    assert calls == n_enabled, "selscan was called after disable()"
+    assert torch.equal(again, ref)
+
+    sst.enable()
+    forward()
+    assert calls["selective_scan_fn"] == 4
+    assert _rel(ours, ref) <= LOGIT_TOL
+    sst.disable()
+    sst.disable()  # harmless when not enabled
+    assert all(getattr(mm, n) is originals[n] for n in sst._NAMES)
+
+
+def test_unsupported_layout_names_the_version_and_changes_nothing(monkeypatch):
+    originals = {n: getattr(mm, n) for n in sst._NAMES}
+    monkeypatch.delattr(mm, "mamba_selective_state_update")
+    with pytest.raises(RuntimeError, match=f"transformers {transformers.__version__} is not supported.*"
+                                           f"mamba_selective_state_update"):
+        sst.enable()
+    assert not sst.is_enabled()
+    assert all(getattr(mm, n) is originals[n] for n in sst._NAMES if n != "mamba_selective_state_update")
+
+
+def test_other_devices_keep_transformers_functions(calls):
+    """Tensors on a device selscan does not serve (here: meta) go to the original function."""
+    sst.enable()
+    u = torch.empty(2, 8, 5, device="meta")
+    out = mm.mamba_selective_scan(u, torch.empty_like(u), torch.empty(8, 4, device="meta"),
+                                  torch.empty(2, 4, 5, device="meta"), torch.empty(2, 4, 5, device="meta"))
+    assert out.shape == (2, 8, 5) and out.device.type == "meta"
+    assert sum(calls.values()) == 0
+
+
+def test_rebound_name_is_left_alone_by_disable(capsys):
+    sst.enable()
+    original = sst._saved[0][2]
+    name = sst._saved[0][1]
+    mine = lambda *a, **k: None  # noqa: E731  (someone else's later patch)
+    setattr(mm, name, mine)
+    sst.disable()
+    assert getattr(mm, name) is mine
+    assert "rebound after enable()" in capsys.readouterr().err
+    setattr(mm, name, original)
