@@ -89,6 +89,20 @@ def _has_falcon():
         return False
 
 
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                   reason="no CUDA device visible to torch"))]
+
+
+@pytest.fixture
+def device(request, monkeypatch):
+    dev = request.param
+    if dev == "cuda":  # the reference's F.conv1d would otherwise run in TF32 through cuDNN
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    return torch.device(dev)
+
+
 MODELS = [pytest.param(_mamba, id="mamba"),
           pytest.param(_falcon, id="falcon_mamba",
                        marks=pytest.mark.skipif(not _has_falcon(), reason="this transformers has no FalconMamba"))]
@@ -121,18 +135,19 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("inner", ["selscan", "composed"])
 @pytest.mark.parametrize("make", MODELS)
-def test_training_step_matches_the_model_s_own_path(make, inner, calls, monkeypatch):
+def test_training_step_matches_the_model_s_own_path(make, inner, device, calls, monkeypatch):
     """inner: the fused call on selscan.torch.mamba_inner_fn, or (as without one) composed of selscan's conv1d
     and scan with torch's projections between them."""
     if inner == "selscan" and not hasattr(st, "mamba_inner_fn"):
         pytest.skip("this selscan has no selscan.torch.mamba_inner_fn")
     if inner == "composed":
         monkeypatch.delattr(st, "mamba_inner_fn", raising=False)
-    ref = make()
+    ref = make().to(device)
     ours = copy.deepcopy(ref)
-    ids = _ids()
+    ids = _ids().to(device)
     logits_ref, grads_ref = _train_step(ref, ids)
     assert sum(calls.values()) == 0, f"the reference ran through selscan: {calls}"
 
@@ -164,12 +179,13 @@ def test_training_step_matches_the_model_s_own_path(make, inner, calls, monkeypa
         assert e <= GRAD_TOL, f"{name}: gradient relative L2 error {e:.2e}"
 
 
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("make", MODELS)
-def test_generate_gives_the_model_s_own_tokens(make, calls):
+def test_generate_gives_the_model_s_own_tokens(make, device, calls):
     # Weights 25x the default scale: with the default one a random model's greedy output repeats one token, and
     # a test of identical tokens would say little.
-    model = make(initializer_range=0.5).eval()
-    ids = _ids(batch=2, seqlen=12, seed=2)
+    model = make(initializer_range=0.5).to(device).eval()
+    ids = _ids(batch=2, seqlen=12, seed=2).to(device)
     new = 24
 
     def gen():
@@ -187,6 +203,7 @@ def test_generate_gives_the_model_s_own_tokens(make, calls):
     assert calls["causal_conv1d_fn"] == layers and calls["selective_scan_fn"] == layers, calls
     assert calls["causal_conv1d_update"] == layers * (new - 1), calls
     assert calls["selective_state_update"] == layers * (new - 1), calls
+    assert ours.sequences.device.type == device.type
     assert ours.sequences.shape == ref.sequences.shape == (2, 12 + new)
     assert torch.equal(ours.sequences, ref.sequences), f"tokens differ:\n{ours.sequences}\n{ref.sequences}"
     # Each step's logits too: the prefill's and every decode step's (the state carried from step to step).
