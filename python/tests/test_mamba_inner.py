@@ -307,8 +307,68 @@ def test_cuda_against_reference(case):
     check(t, device="cuda")
 
 
+def test_long_sequence_chunk_states():
+    """A sequence longer than one chunk: the forward saves the chunk states and the scan backward reads them."""
+    check(make(torch.Generator().manual_seed(23), L=2100, dm=8, N=4, R=2, rms=True))
+
+
 @needs_cuda
 def test_cuda_bf16_long():
-    """A sequence longer than one chunk (the saved chunk states are read) with bf16 activations."""
-    t = make(torch.Generator().manual_seed(22), L=2100, dm=16, N=8, R=4, rms=True)
-    check(t, rel=5e-2, act=torch.bfloat16, device="cuda")
+    """Past one chunk with bf16 activations. Without dt_rms_weight: normalising delta over channels divides by
+    the norm of a dt_rank-dimensional projection, and at the few of 4200 positions where that projection nearly
+    cancels, bf16 rounding of the conv output moves the normalised delta by O(1) (measured on CPU: 0.3 of the
+    largest dxz in bf16, 0.14 in fp16, below 1e-5 in fp32); taken for the norm's conditioning, not yet shown
+    against a 16-bit mamba_ssm run."""
+    t = make(torch.Generator().manual_seed(22), L=2100, dm=16, N=8, R=4)
+    check(t, rel=4e-2, act=torch.bfloat16, device="cuda")
+
+
+def test_transformers_call_shape():
+    """As MambaMixer calls it: xz a transposed view of in_proj's output (seqlen not unit-stride), keywords for the
+    rest, one tensor as both b_rms_weight and c_rms_weight (its gradient the sum of both uses)."""
+    gen = torch.Generator().manual_seed(18)
+    t = make(gen, rms=True)
+    t["c_rms_weight"] = t["b_rms_weight"]
+    hidden = torch.randn(2, 33, 10, generator=gen, dtype=torch.float64)
+    w_in = torch.randn(32, 10, generator=gen, dtype=torch.float64) * 10 ** -0.5
+    ref_in = {n: (v.clone().requires_grad_(True) if v is not None else None) for n, v in t.items()}
+    ref_in["c_rms_weight"] = ref_in["b_rms_weight"]
+    w_ref = w_in.clone().requires_grad_(True)
+    ref_in["xz"] = F.linear(hidden, w_ref).transpose(1, 2)
+    ref = reference(ref_in)
+    ref.square().sum().backward()
+
+    li = lib_inputs(t)
+    li["c_rms_weight"] = li["b_rms_weight"]
+    w_lib = w_in.float().requires_grad_(True)
+    xz = F.linear(hidden.float(), w_lib).transpose(1, 2)
+    assert xz.stride(-1) != 1
+    out = mamba_inner_fn(xz, li["conv1d_weight"], li["conv1d_bias"], li["x_proj_weight"], li["delta_proj_weight"],
+                         li["out_proj_weight"], li["out_proj_bias"], li["A"], None, None, li["D"],
+                         delta_bias=li["delta_bias"], delta_softplus=True, b_rms_weight=li["b_rms_weight"],
+                         c_rms_weight=li["c_rms_weight"], dt_rms_weight=li["dt_rms_weight"], b_c_dt_rms_eps=1e-6)
+    out.square().sum().backward()
+    for what, got, want in (("out", out, ref), ("d in_proj", w_lib.grad, w_ref.grad),
+                            ("d b/c_rms_weight", li["b_rms_weight"].grad, ref_in["b_rms_weight"].grad),
+                            ("d dt_rms_weight", li["dt_rms_weight"].grad, ref_in["dt_rms_weight"].grad)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 2e-4 * want.abs().max().item(), f"{what}: {err:.3g}"
+
+
+def test_16bit_weights():
+    """A model kept wholly in bf16 (weights in xz's dtype, A / D / delta_bias float32 as MambaMixer makes them):
+    gradients in each weight's dtype."""
+    t = make(torch.Generator().manual_seed(19))
+    ref = reference(dict(t))
+    li = lib_inputs(t, torch.bfloat16)
+    for n in ("conv1d_weight", "conv1d_bias", "x_proj_weight", "delta_proj_weight", "out_proj_weight",
+              "out_proj_bias"):
+        li[n] = li[n].detach().bfloat16().requires_grad_(True)
+    out = call(li)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    for n in NAMES:
+        if li[n] is not None:
+            assert li[n].grad is not None and li[n].grad.dtype == li[n].dtype, n
+            assert torch.isfinite(li[n].grad).all(), n
+    assert (out.double() - ref).abs().max().item() <= 4e-2 * ref.abs().max().item()
