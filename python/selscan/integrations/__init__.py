@@ -1,7 +1,9 @@
-"""Serving engines' own calling conventions mapped onto libselscan (docs/serving.md):
+"""Other projects' calling conventions mapped onto libselscan:
 
     from selscan.integrations.vllm import selective_scan_fn, selective_state_update   # vLLM's Mamba ops
+    from selscan.integrations import transformers; transformers.enable()             # transformers' Mamba models
 
-Each module takes an engine's signatures, layouts and index conventions as they are and calls the library's C ABI
-on the caller's tensors; nothing here is imported by `import selscan`.
+vllm takes an engine's signatures, layouts and index conventions as they are and calls the library's C ABI on the
+caller's tensors (docs/serving.md); transformers rebinds the kernel functions transformers' Mamba mixers call
+(docs/python.md). Nothing here is imported by `import selscan`.
 """
