@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
   const ClSpot q = cl_spot<C>(p, plan);
   const int64_t L = p.seqlen;
   const bool vec = plan.vec;
-  const bool plain = !p.varlen && !(p.seq_idx.p != nullptr);
+  const bool plain = p.plain_bwd();
   const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
   const T* dr = static_cast<const T*>(p.dout.p) + q.r * p.dout.s[0] + q.d0 * p.dout.s[1];
   T* xo = static_cast<T*>(p.dx.p) + q.r * p.dx.s[0] + q.d0 * p.dx.s[1];
@@ -564,15 +564,10 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
       int64_t s = si ? 0 : cu_at(p, sb), e = si ? L : cu_at(p, sb + 1);
       Start<T> st;
       if (!si) st = seq_start<T>(p, sb, q.d0);
+      cl_history<T, W, C>(q, xr, xts, xcs, vec, Start<T>{}, xh);
 #pragma unroll
       for (int m = 0; m < H; ++m) {
         const int64_t pos = q.tb - H + m;
-        if (pos >= 0) {
-          ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, xh[m]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < C; ++c) xh[m][c] = 0.f;
-        }
         th[m] = si ? seq_tag(p, q.r, pos) : (pos >= 0 ? static_cast<int>(seq_of(p, pos)) : INT_MIN);
       }
       for (int64_t tt = q.tb; tt < tend; ++tt) {

@@ -385,13 +385,11 @@ __device__ __forceinline__ void cl_read_weights(const float (*sw)[kClCh], int la
   }
 }
 
-// A plain call's H inputs before step q.tb (initial_states, or 0, before step 0).
+// The H inputs before step q.tb; before step 0 from `s0` (an empty Start: 0).
 template <typename T, int W, int C>
-__device__ __forceinline__ void cl_halo(const Conv1d& p, const ClSpot& q, const T* xr, int64_t xts, int64_t xcs,
-                                        bool vec, float (&h)[W - 1][C]) {
+__device__ __forceinline__ void cl_history(const ClSpot& q, const T* xr, int64_t xts, int64_t xcs, bool vec,
+                                           const Start<T>& s0, float (&h)[W - 1][C]) {
   constexpr int H = W - 1;
-  Start<T> s0;
-  if (q.tb < H) s0 = seq_start<T>(p, q.r, q.d0);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const int64_t pos = q.tb - H + m;
@@ -402,6 +400,15 @@ __device__ __forceinline__ void cl_halo(const Conv1d& p, const ClSpot& q, const 
       for (int c = 0; c < C; ++c) h[m][c] = c < q.nc ? s0.at(pos, c) : 0.f;
     }
   }
+}
+
+// A plain call's H inputs before step q.tb (initial_states, or 0, before step 0).
+template <typename T, int W, int C>
+__device__ __forceinline__ void cl_halo(const Conv1d& p, const ClSpot& q, const T* xr, int64_t xts, int64_t xcs,
+                                        bool vec, float (&h)[W - 1][C]) {
+  Start<T> s0;
+  if (q.tb < W - 1) s0 = seq_start<T>(p, q.r, q.d0);
+  cl_history<T, W, C>(q, xr, xts, xcs, vec, s0, h);
 }
 
 // A plain call's element-IO walk over steps [q.tb, q.te), one step at a time (any strides).
@@ -519,19 +526,12 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
     return;
   }
 
-  // seq_idx, packed sequences, pools: one step at a time, each term checked against the step's sequence.
+  // seq_idx, packed sequences, pools: one step at a time, each term checked against the step's sequence (terms
+  // before step 0 are never used: their tags match no step, or they precede the sequence's start).
+  cl_history<T, W, C>(q, xr, xts, xcs, vec, Start<T>{}, h);
   int th[H];  // seq_idx of the H previous steps
 #pragma unroll
-  for (int m = 0; m < H; ++m) {
-    const int64_t pos = q.tb - H + m;
-    if (pos >= 0) {
-      ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
-    } else {
-#pragma unroll
-      for (int c = 0; c < C; ++c) h[m][c] = 0.f;
-    }
-    th[m] = (p.seq_idx.p != nullptr) ? seq_tag(p, q.r, pos) : 0;
-  }
+  for (int m = 0; m < H; ++m) th[m] = (p.seq_idx.p != nullptr) ? seq_tag(p, q.r, q.tb - H + m) : 0;
   int64_t sb = p.varlen ? seq_of(p, q.tb) : q.r;
   int64_t s = p.varlen ? cu_at(p, sb) : 0, e = p.varlen ? cu_at(p, sb + 1) : p.seqlen;
   Start<T> st;
