@@ -110,9 +110,8 @@ __device__ __forceinline__ void row_part(const Conv1d& p, const Conv1dPlan& plan
 }
 
 // ---------------------------------------------------------------------------------------------- rows
-// The backward's calls without per-step sequence logic (no packed sequences, no seq_idx) take bwd_plain (plain_call
-// says why); bwd_rows serves the others.
-SELSCAN_HD inline bool plain_bwd(const Conv1d& p) { return p.plain_bwd(); }
+// The backward's calls without per-step sequence logic (Conv1d::plain_bwd: no packed sequences, no seq_idx) take
+// bwd_plain (fwd.cuh says why); bwd_rows serves the others.
 
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1dPlan plan, float* ws) {

@@ -21,11 +21,10 @@
 
 namespace selscan::kern::conv1d {
 
-// A call that needs no per-step sequence logic (Conv1d::plain_fwd): the row kernels have a lean kernel for these
-// (fwd_plain) and one for the rest (fwd_rows): the packed, seq_idx and pool code raised the plain forward from 52 to
-// 66 registers and the backward from 80 to 114 (bf16, W = 4), and those bytes in flight are what a plain call's speed
-// is.
-SELSCAN_HD inline bool plain_call(const Conv1d& p) { return p.plain_fwd(); }
+// A call that needs no per-step sequence logic (Conv1d::plain_fwd / plain_bwd): the row kernels have a lean kernel
+// for these (fwd_plain, bwd_plain) and one for the rest (fwd_rows, bwd_rows): the packed, seq_idx and pool code raised
+// the plain forward from 52 to 66 registers and the backward from 80 to 114 (bf16, W = 4), and those bytes in flight
+// are what a plain call's speed is.
 
 // ---------------------------------------------------------------------------------------------- rows
 // Where a row-kernel thread works (forward and backward): batch row b, channel d, time tile `tile` and its run of I
@@ -500,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
   T* orow = static_cast<T*>(p.out.p) + q.r * p.out.s[0] + q.d0 * p.out.s[1];
   const int64_t xts = p.x.s[2], xcs = p.x.s[1], ots = p.out.s[2], ocs = p.out.s[1];
   const bool vec = plan.vec;
-  const bool plain = plain_call(p);
+  const bool plain = p.plain_fwd();
 
   // A plain call's halo and first group of loads go out before the weights' loads and barrier: the latencies
   // overlap.

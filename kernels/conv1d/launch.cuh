@@ -43,7 +43,7 @@ Status launch_fwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) fwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan);
-      else if (plain_call(p)) fwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan);
+      else if (p.plain_fwd()) fwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan);
       else fwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan);
     });
     if (!ok) return bad_width("conv1d forward", p.width);
@@ -67,7 +67,7 @@ Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     const bool ok = by_width(p.width, [&](auto wc) {
       constexpr int W = decltype(wc)::value;
       if (plan.kernel == cuda::Conv1dKernel::cl) bwd_cl<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
-      else if (plain_bwd(p)) bwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
+      else if (p.plain_bwd()) bwd_plain<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
       else bwd_rows<T, W><<<grid, kThreads, 0, s>>>(p, plan, ws);
     });
     if (!ok) return bad_width("conv1d backward", p.width);
