@@ -53,7 +53,7 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 // How the CUDA kernel serves a call, decided on the host by plan_state_update (src/cuda/select.h; tested on the
 // CPU). Two kernels (kernels/decode/state_update.cu):
 //   - kLean, the common case: one token, a 16-bit state (fp32 states measured faster on kGeneral), at most 65535
-//     sequences, dstate = lanes * lean_states(state dtype) with lanes a power of two <= 32 (dstate 8, 16, ...,
+//     sequences, dstate = lanes * kLeanStates with lanes a power of two <= 32 (dstate 8, 16, ...,
 //     256), the state, B and C (16-bit) contiguous over n and aligned for one load of a lane's values, A constant
 //     over n (`a_const`: one exp a thread) or aligned likewise. A thread owns one sequence and 16 bytes of one
 //     channel's state.
@@ -64,8 +64,7 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 // For kLean, lanes/lane_bits count its lanes and the vec_* flags are set for every vector load it makes.
 struct StateUpdatePlan {
   static constexpr int kStatesPerLane = 8;  // kGeneral's
-  // kLean's states a lane: 16 bytes of state.
-  static constexpr int lean_states(Dtype state_t) { return state_t == Dtype::f32 ? 4 : 8; }
+  static constexpr int kLeanStates = 8;  // kLean's states a lane: 16 bytes of 16-bit state
   enum Kernel : int { kGeneral = 0, kLean = 1 };
   int kernel;
   int lanes, lane_bits;

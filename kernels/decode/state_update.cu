@@ -211,16 +211,11 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
 }
 
 // ---------------------------------------------------------------------------------------------- lean kernel
-// Launched for 16-bit states only (the plan): its fp32 form (4 states a lane, below) measured slower than the
-// general kernel (run 45), and stays written for the next attempt (8 fp32 states a lane).
-// 16 bytes of state a lane: 4 fp32 or 8 16-bit states. The bytes in flight per SM are what the call's speed follows
-// (mamba_ssm's Triton kernel: 16 bytes a thread with fp32 state, 8 with 16-bit, at ~2000 resident threads; its
-// 16-bit-state step takes as long as its fp32 one for half the bytes).
-template <typename S>
-constexpr int kLeanStates = 16 / static_cast<int>(sizeof(S));
-static_assert(kLeanStates<float> == StateUpdatePlan::lean_states(Dtype::f32) &&
-                  kLeanStates<__nv_bfloat16> == StateUpdatePlan::lean_states(Dtype::bf16),
-              "the plan and the kernel must agree on a lean lane's states");
+// 16-bit states only (the plan): 16 bytes of state a lane, StateUpdatePlan::kLeanStates = 8 states. The bytes in
+// flight per SM are what the call's speed follows (mamba_ssm's Triton kernel: 8 bytes a thread with 16-bit state at
+// ~2000 resident threads). Its fp32 form (4 states a lane) measured slower than the general kernel (run 45) and was
+// removed; a next fp32 attempt would own 8 states (32 bytes) a lane.
+constexpr int kLeanStates = StateUpdatePlan::kLeanStates;
 
 // The lean kernel issues every load before it converts any value: a runtime-dtype load converted where it is
 // loaded makes the thread wait for it before the next load issues (one round trip per input). So the loads below
@@ -238,29 +233,16 @@ __device__ __forceinline__ float raw_f32(Dtype t, uint32_t v) {
   return t == Dtype::f32 ? __uint_as_float(v) : half_bits_f32(v, t == Dtype::f16);
 }
 
-// A lane's L consecutive values of B or C from element `off` on (aligned to the load: checked by the plan): 16
-// bytes of f32 (L = 4: fp32 state only) or L * 2 bytes of 16-bit values (with L = 4, in .x and .y).
-template <int L>
-__device__ __forceinline__ uint4 ld_raw_lane(Dtype t, const void* p, int64_t off) {
-  if constexpr (L == 8) {
-    return __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p) + off));
-  } else {
-    if (t == Dtype::f32) return __ldg(reinterpret_cast<const uint4*>(static_cast<const float*>(p) + off));
-    const uint2 r = __ldg(reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(p) + off));
-    return make_uint4(r.x, r.y, 0u, 0u);
-  }
+// A lane's 8 consecutive 16-bit values of B or C from element `off` on (16-byte aligned: checked by the plan).
+__device__ __forceinline__ uint4 ld_raw_lane(const void* p, int64_t off) {
+  return __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p) + off));
 }
 
-template <int L>
 __device__ __forceinline__ void raw_lane_f32(Dtype t, uint4 r, float* out) {
-  if (L == 4 && t == Dtype::f32) {
-    unpack16<float>(r, out);
-    return;
-  }
   const bool f16 = t == Dtype::f16;
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-  for (int i = 0; i < L / 2; ++i) {
+  for (int i = 0; i < 4; ++i) {
     out[2 * i] = half_bits_f32(w[i], f16);
     out[2 * i + 1] = half_bits_f32(w[i] >> 16, f16);
   }
@@ -275,14 +257,14 @@ __device__ __forceinline__ int64_t slot_at(const void* idx, bool i64, int64_t st
 // kAConst: A's stride over n is 0 (plan.a_const), one exp a thread; otherwise a lane's A in 16-byte loads and an
 // exp a state. Separate instances because the per-state A costs 4-6 registers (ptxas), and registers are what
 // limits the resident threads. Destinations are a uniform branch: they cost no register.
-// Resident blocks of 128 asked of ptxas: 16 (32 registers, all 2048 threads) where it fits without spilling (fp32
-// state, A constant over n), else 12 (40 registers); left to itself it takes 46-48 for the 16-bit instances.
-template <typename S, bool kAConst>
-constexpr int kLeanMinBlocks = sizeof(S) == 4 && kAConst ? 16 : 12;
+// Resident blocks of 128 asked of ptxas: 12 (40 registers); left to itself it takes 46-48.
+constexpr int kLeanMinBlocks = 12;
 
 template <typename S, bool kAConst>
-__global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S, kAConst>) state_update_lean(const StateUpdate p, const StateUpdatePlan plan) {
-  constexpr int L = kLeanStates<S>;
+__global__ void __launch_bounds__(kThreads, kLeanMinBlocks) state_update_lean(const StateUpdate p,
+                                                                             const StateUpdatePlan plan) {
+  static_assert(sizeof(S) == 2, "the lean kernel serves 16-bit states");
+  constexpr int L = kLeanStates;
   const unsigned P = static_cast<unsigned>(p.headdim);
   const unsigned channels = static_cast<unsigned>(p.heads) * P;
   const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
@@ -303,8 +285,8 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S, kAConst>) state_up
   const uint32_t x_raw = ld_raw(p.x_t, p.x, b * p.sx[0] + h * p.sx[2] + pp * p.sx[3]);
   const uint32_t dt_raw = ld_raw(p.dt_t, p.dt, b * p.sdt[0] + h * p.sdt[2] + pp * p.sdt[3]);
   const unsigned g = h / static_cast<unsigned>(p.heads_per_group);
-  const uint4 B_raw = ld_raw_lane<L>(p.B_t, p.B, b * p.sB[0] + g * p.sB[2] + n0);
-  const uint4 C_raw = ld_raw_lane<L>(p.C_t, p.C, b * p.sC[0] + g * p.sC[2] + n0);
+  const uint4 B_raw = ld_raw_lane(p.B, b * p.sB[0] + g * p.sB[2] + n0);
+  const uint4 C_raw = ld_raw_lane(p.C, b * p.sC[0] + g * p.sC[2] + n0);
 
   // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
   // destination that is padding, but it writes out.
@@ -342,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S, kAConst>) state_up
   if (p.softplus) dt = softplus(dt);
   float s[L], Bv[L], Cv[L];
   unpack16<S>(s_raw, s);
-  raw_lane_f32<L>(p.B_t, B_raw, Bv);
-  raw_lane_f32<L>(p.C_t, C_raw, Cv);
+  raw_lane_f32(p.B_t, B_raw, Bv);
+  raw_lane_f32(p.C_t, C_raw, Cv);
   const float dtx = dt * x;
   float y = 0.f;
   if constexpr (kAConst) {

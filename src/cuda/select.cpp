@@ -469,11 +469,11 @@ bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
   // (run 45, H200, Mamba-2 Bt 64: 156 us against 134; validation/optimisation-log.md): a thread's fixed work over
   // 4 states is more issue than the general kernel's 2 sequences x 8 states.
   if (p.state_t == Dtype::f32) return false;
-  const int states = StateUpdatePlan::lean_states(p.state_t);
+  const int states = StateUpdatePlan::kLeanStates;
   // One sequence a block row: grid.y's limit bounds the batch (larger batches loop in the general kernel).
   if (p.tokens != 1 || p.batch > 65535 || p.dstate % states != 0) return false;
-  // A lane's B and C in one load of at most 16 bytes: fp32 B or C only with 4 states a lane (an fp32 state).
-  if (p.state_t != Dtype::f32 && (p.B_t == Dtype::f32 || p.C_t == Dtype::f32)) return false;
+  // A lane's B and C in one 16-byte load: 16-bit B and C only.
+  if (p.B_t == Dtype::f32 || p.C_t == Dtype::f32) return false;
   const int64_t lanes = p.dstate / states;
   if (lanes > 32 || (lanes & (lanes - 1)) != 0) return false;
   if (!lane_vec_ok(p.state, p.state_t, p.dstate, states, p.sstate[3], p.sstate, 3) ||

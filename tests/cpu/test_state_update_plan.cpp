@@ -70,8 +70,7 @@ TEST(StateUpdatePlan, LeanWhereDstateIsWholeLanes) {
         if (lanes == 0) continue;
         EXPECT_EQ(plan.lanes, lanes) << s.str();
         EXPECT_EQ(1 << plan.lane_bits, plan.lanes) << s.str();
-        EXPECT_EQ(plan.lanes * selscan::StateUpdatePlan::lean_states(f32 ? selscan::Dtype::f32 : selscan::Dtype::bf16),
-                  r.dstate);
+        EXPECT_EQ(plan.lanes * selscan::StateUpdatePlan::kLeanStates, r.dstate);
         EXPECT_FALSE(plan.a_const) << s.str();  // A (.., N) contiguous: an exp a state
         EXPECT_TRUE(plan.vec_state && plan.vec_A && plan.vec_B && plan.vec_C) << s.str();
 
