@@ -904,6 +904,17 @@ void run_scan(Decoder& dec, uint64_t& rng, bool tame, bool serving) {
       const unsigned char* b = static_cast<const unsigned char*>(s->t->data);
       for (int64_t off : s->elems) fwd_ok = fwd_ok && !(b[off] == kPoison && b[off + 1] == kPoison);
     }
+  // x is partial, so the loop above cannot see it: a block-table sequence whose final state's entry is pad_slot_id
+  // is padding, the forward writes its out as zeros and none of its x, and the backward (which takes h0, no block
+  // table) computes that sequence from the unwritten x (poison in, NaN of the poison's bits out).
+  if (sv.blocks)
+    for (int64_t b = 0; b < d.seqs && fwd_ok; ++b) {
+      const int64_t len = sv.varlen ? std::clamp<int64_t>(wrap(sv.cu[static_cast<size_t>(b)], -1,
+                                                              sv.cu[static_cast<size_t>(b + 1)]), 0, d.L)
+                                    : d.L;
+      const int64_t j = len > 0 ? (sv.ctx[static_cast<size_t>(b)] + len - 1) / sv.K : -1;
+      if (j >= 0 && j < sv.M && sv.table[static_cast<size_t>(b * sv.M + j)] == sv.pad) fwd_ok = false;
+    }
 
   // The forward's tensors are the backward's inputs again (same descriptors and memory), out and x now as
   // inputs; a pool call's backward takes the states its sequences started from as h0.
