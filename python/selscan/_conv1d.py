@@ -256,19 +256,21 @@ def _key(fw, x, flags, arrays):
 # ------------------------------------------------------------------------------------------------ forward
 def conv1d_fwd(x, weight, bias=None, seq_idx=None, initial_states=None, final_states_out=None,
                return_final_states=False, silu=False, cu_seqlens=None, conv_states=None, cache_indices=None,
-               has_initial_state=None, pad_slot_id=-1, num_threads=0):
+               has_initial_state=None, pad_slot_id=-1, num_threads=0, out=None):
     """-> (out, final_states or None, inputs): inputs are (x, weight, bias, seq_idx, initial_states, cu_seqlens)
-    as the library read them (the autograd functions save these for the backward)."""
+    as the library read them (the autograd functions save these for the backward). `out`: where to write the
+    output (x's shape and dtype, any layout the library takes), else a new array like x."""
     fw, x = _fw_of(x)
     want = bool(return_final_states)
     fin_given = final_states_out if want else None
     given = (x, weight, bias, seq_idx, initial_states, fin_given, cu_seqlens, conv_states, cache_indices,
              has_initial_state)
     pad = int(pad_slot_id)
-    key = _key(fw, x, (bool(silu), want, pad, num_threads), given) if _plan.ENABLED else None
+    key = _key(fw, x, (bool(silu), want, pad, num_threads), given + (out,)) if _plan.ENABLED else None
     entry = _plan.cache("conv1d_fwd").get(key) if key is not None else None
+    given_out = out
     if entry is not None:
-        out = _empty_like(fw, x)
+        out = _empty_like(fw, x) if given_out is None else given_out
         fin = fin_given if (fin_given is not None or not want) else final_states_like(fw, x, weight.shape[1],
                                                                                          cu_seqlens)
         ts = (x, weight, bias, seq_idx, initial_states, out, fin, cu_seqlens, conv_states, cache_indices,
@@ -281,7 +283,7 @@ def conv1d_fwd(x, weight, bias=None, seq_idx=None, initial_states=None, final_st
     _adopt_all(fw, x, named, ("x", "weight"))
     _convert(fw, named)
     x = named["x"]
-    named["out"] = out = _empty_like(fw, x)
+    named["out"] = out = _empty_like(fw, x) if given_out is None else given_out
     if want and named["final_states"] is None:
         w = named["weight"]
         if len(w.shape) != 2 or len(x.shape) != 3:
@@ -316,16 +318,19 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
 
 # ------------------------------------------------------------------------------------------------ backward
 def conv1d_bwd(dout, x, weight, bias=None, seq_idx=None, initial_states=None, dfinal_states=None, silu=False,
-               deterministic=False, cu_seqlens=None, want_dinitial_states=True, num_threads=0):
+               deterministic=False, cu_seqlens=None, want_dinitial_states=True, num_threads=0, dx=None):
     """-> (dx, dweight, dbias, dinitial_states), None where absent (dbias without bias; dinitial_states without
-    initial_states or when not wanted). Gradients have their inputs' dtypes as the library read them."""
+    initial_states or when not wanted). Gradients have their inputs' dtypes as the library read them. `dx`:
+    where to write x's gradient (x's shape and dtype, any layout the library takes), else a new array like x."""
     fw, x = _fw_of(x)
     want_dinit = bool(want_dinitial_states) and initial_states is not None
     given = (x, weight, bias, seq_idx, initial_states, cu_seqlens, dout, dfinal_states)
-    key = _key(fw, x, (bool(silu), bool(deterministic), want_dinit, num_threads), given) if _plan.ENABLED else None
+    key = (_key(fw, x, (bool(silu), bool(deterministic), want_dinit, num_threads), given + (dx,))
+           if _plan.ENABLED else None)
     entry = _plan.cache("conv1d_bwd").get(key) if key is not None else None
     if entry is not None:
-        g = (_empty_like(fw, x), _empty_like(fw, weight), None if bias is None else _empty_like(fw, bias),
+        g = (_empty_like(fw, x) if dx is None else dx, _empty_like(fw, weight),
+             None if bias is None else _empty_like(fw, bias),
              _empty_like(fw, initial_states) if want_dinit else None)
         kd, dev = key[1]
         _enqueue(entry, fw, x, given + g, kd, dev)
@@ -334,7 +339,7 @@ def conv1d_bwd(dout, x, weight, bias=None, seq_idx=None, initial_states=None, df
     _adopt_all(fw, x, named, ("x", "weight", "dout"))
     _convert(fw, named)
     x = named["x"]
-    named["dx"] = _empty_like(fw, x)
+    named["dx"] = _empty_like(fw, x) if dx is None else dx
     named["dweight"] = _empty_like(fw, named["weight"])
     named["dbias"] = None if named["bias"] is None else _empty_like(fw, named["bias"])
     named["dinitial_states"] = _empty_like(fw, named["initial_states"]) if want_dinit else None

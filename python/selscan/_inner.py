@@ -105,16 +105,29 @@ def _bc(cfg, x_dbl, given, proj_bias, rms_w, first):
     return v.to(cfg.adt).unsqueeze(1), pre
 
 
-def _delta(cfg, x_dbl, dt_w, dt_rms_w):
-    """(delta in the activation dtype, pre-norm delta or None)."""
-    d = torch.matmul(dt_w, x_dbl[:, :cfg.rank])  # (batch, dim, L), L unit stride
+def _delta(cfg, x_dbl2, dt_w, dt_rms_w, bt):
+    """(delta (batch, dim, L) in the activation dtype, pre-norm delta or None) from x_dbl as (K, bt*L)."""
+    d = _bdl(torch.matmul(dt_w, x_dbl2[:cfg.rank]), bt)  # one GEMM; the scan takes the strided view
     if dt_rms_w is None:
-        return d.to(cfg.adt), None
+        return _cast(d, cfg.adt), None
     return _rms(d, dt_rms_w, cfg.eps, 1).to(cfg.adt), d
 
 
+def _bdl(t, bt):
+    """A (c, bt*L) matrix seen as (bt, c, L) without a copy: strides (L, bt*L, 1)."""
+    return t.view(t.shape[0], bt, -1).transpose(0, 1)
+
+
+def _mat(t):
+    """(bt, c, L) -> (c, bt*L): the inverse of _bdl; a view for tensors made by _bdl, else a copy."""
+    return t.transpose(0, 1).reshape(t.shape[1], -1)
+
+
 def _conv_fwd(x, w, bias):
-    out, _, _ = _conv1d.conv1d_fwd(x, w, bias, None, None, None, False, True)
+    """The conv output as a (dim, bt*L) matrix: x_proj then runs as one GEMM on it without a copy, and the scan
+    reads its (bt, dim, L) view."""
+    out = x.new_empty((x.shape[1], x.shape[0] * x.shape[2]))
+    _conv1d.conv1d_fwd(x, w, bias, None, None, None, False, True, out=_bdl(out, x.shape[0]))
     return out
 
 
@@ -129,14 +142,19 @@ def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus):
     return out, out_z, x
 
 
-def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det):
-    """The library's (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias), None where absent; separate allocations so
-    each is freed as soon as it is consumed."""
+def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det, into):
+    """The library's (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, out_z), None where absent; du, ddelta, dz
+    and the recomputed out_z = out * silu(z) written into `into` (du, ddelta, dz, out_z) where the fast path
+    runs, else copied there."""
     ins = _sst._ready(u, delta, A, B, C, D, z, bias)
-    g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, separate=True)
+    g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, separate=True, into=into)
     if g is None:
         g = _sst._bwd_impl(dy, *ins, x if x is not None else u.new_empty((0,)), out, softplus, det)
         g = [None if t is None else gi for gi, t in zip(g, ins)]
+        for i, t in zip((0, 1, 6), into[:3]):
+            if g[i] is not None:
+                g[i] = t.copy_(g[i])
+        g.append(None if z is None else into[3].copy_(out.float() * F.silu(z.float())))
     return list(g)
 
 
@@ -193,15 +211,18 @@ class MambaInnerFn(torch.autograd.Function):
         cfg.eps, cfg.softplus, cfg.lvl = float(b_c_dt_rms_eps), bool(delta_softplus), checkpoint_lvl
         cfg.given_B, cfg.given_C = B is not None, C is not None
         cfg.w_shape = conv1d_weight.shape
+        bt = xz.shape[0]
         with torch.autocast(cfg.dev, enabled=False):
+            # conv, x_dbl and delta live as (rows, batch*L) matrices, as upstream keeps them: each projection is
+            # one GEMM with no layout copy, and the scan reads their (batch, rows, L) views (unit stride in L).
             x, z = xz[:, :cfg.dm], xz[:, cfg.dm:]
             cw = conv1d_weight.reshape(cfg.dm, -1)
             conv = _conv_fwd(x, cw, conv1d_bias)
-            x_dbl = torch.matmul(_cast(x_proj_weight, cfg.mdt), _cast(conv, cfg.mdt))  # (batch, K, L)
-            delta, _ = _delta(cfg, x_dbl, _cast(delta_proj_weight, cfg.mdt), dt_rms_weight)
-            Bs, _ = _bc(cfg, x_dbl, B, B_proj_bias, b_rms_weight, True)
-            Cs, _ = _bc(cfg, x_dbl, C, C_proj_bias, c_rms_weight, False)
-            out, out_z, states = _scan_fwd(conv, delta, A, Bs, Cs, _cast(D, torch.float32), z,
+            x_dbl = torch.matmul(_cast(x_proj_weight, cfg.mdt), _cast(conv, cfg.mdt))  # (K, batch*L)
+            delta, _ = _delta(cfg, x_dbl, _cast(delta_proj_weight, cfg.mdt), dt_rms_weight, bt)
+            Bs, _ = _bc(cfg, _bdl(x_dbl, bt), B, B_proj_bias, b_rms_weight, True)
+            Cs, _ = _bc(cfg, _bdl(x_dbl, bt), C, C_proj_bias, c_rms_weight, False)
+            out, out_z, states = _scan_fwd(_bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z,
                                            _cast(delta_bias, torch.float32), cfg.softplus)
             y = F.linear(_cast(out_z, cfg.mdt).transpose(1, 2), _cast(out_proj_weight, cfg.mdt),
                          _cast(out_proj_bias, cfg.mdt))
@@ -221,45 +242,49 @@ class MambaInnerFn(torch.autograd.Function):
         need = ctx.needs_input_grad
         det = torch.are_deterministic_algorithms_enabled()
         mdt, adt, dm, r = cfg.mdt, cfg.adt, cfg.dm, cfg.rank
+        bt = xz.shape[0]
         with torch.autocast(cfg.dev, enabled=False):
             x, z = xz[:, :dm], xz[:, dm:]
             xw, dtw, ow = (_cast(w, mdt) for w in (x_proj_weight, delta_proj_weight, out_proj_weight))
             if conv is None:
                 conv = _conv_fwd(x, cw, conv1d_bias)
-                delta, _ = _delta(cfg, x_dbl, dtw, dt_rms_weight)
-            Bs, B_pre = _bc(cfg, x_dbl, B, B_proj_bias, b_rms_weight, True)
-            Cs, C_pre = _bc(cfg, x_dbl, C, C_proj_bias, c_rms_weight, False)
-            dout = _cast(dout, mdt)
+                delta, _ = _delta(cfg, x_dbl, dtw, dt_rms_weight, bt)
+            x_dbl3 = _bdl(x_dbl, bt)
+            Bs, B_pre = _bc(cfg, x_dbl3, B, B_proj_bias, b_rms_weight, True)
+            Cs, C_pre = _bc(cfg, x_dbl3, C, C_proj_bias, c_rms_weight, False)
+            dout2 = _cast(dout, mdt).reshape(-1, dout.shape[-1])  # (batch*L, d_model)
 
-            # out_proj: its weight's gradient from out_z = out * silu(z), recomputed (elementwise) and dropped.
-            out_z = (out.float() * F.silu(z.float())).to(mdt)
-            d_ow = torch.einsum("ble,bdl->ed", dout, out_z) if need[5] else None
-            del out_z
-            d_ob = dout.sum((0, 1)) if out_proj_bias is not None and need[6] else None
-            dy = torch.matmul(ow.t(), dout.transpose(1, 2)).to(adt)  # (batch, dim, L)
-
-            du, ddelta, dA, dB, dC, dD, dz, ddb = _scan_bwd(
-                dy, conv, delta, A, Bs, Cs, _cast(D, torch.float32), z, _cast(delta_bias, torch.float32), states,
-                out, cfg.softplus, det)
-            del dy, delta, Bs, Cs
+            # The scan's input gradient, as a (dim, batch*L) GEMM output viewed (batch, dim, L).
+            dy = _bdl(torch.matmul(ow.t(), dout2.t()), bt).to(adt)
+            # The scan writes dz straight into dxz, du and ddelta as (dim, batch*L) matrices (the GEMMs below
+            # read them without a copy) and recomputes out_z = out * silu(z) for out_proj's weight gradient.
             dxz = torch.empty_like(xz)
-            dxz[:, dm:].copy_(dz)
-            del dz
+            du2, dd2 = (xz.new_empty((dm, dy.shape[0] * dy.shape[2])) for _ in range(2))
+            out_z = torch.empty_like(out)
+            du, ddelta, dA, dB, dC, dD, dz, ddb, out_z = _scan_bwd(
+                dy, _bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z, _cast(delta_bias, torch.float32),
+                states, out, cfg.softplus, det, (_bdl(du2, bt), _bdl(dd2, bt), dxz[:, dm:], out_z))
+            del dy, delta, Bs, Cs, dz, du, ddelta
+            d_ow = torch.matmul(dout2.t(), _cast(out_z, mdt).transpose(1, 2).reshape(-1, dm)) if need[5] else None
+            del out_z
+            d_ob = dout2.sum(0) if out_proj_bias is not None and need[6] else None
+            del dout2
 
-            dx_dbl = torch.zeros_like(x_dbl)
+            dx_dbl = torch.zeros_like(x_dbl)  # (K, batch*L)
             if dt_rms_weight is not None:
-                _, d_pre = _delta(cfg, x_dbl, dtw, dt_rms_weight)
-                gd, d_dtrms = _rms_bwd(ddelta, d_pre, dt_rms_weight, cfg.eps, 1)
+                _, d_pre = _delta(cfg, x_dbl, dtw, dt_rms_weight, bt)
+                gd, d_dtrms = _rms_bwd(_bdl(dd2, bt), d_pre, dt_rms_weight, cfg.eps, 1)
                 del d_pre
-                gd = gd.to(mdt)
+                gd = _mat(gd.to(mdt))
             else:
-                gd, d_dtrms = ddelta.to(mdt), None
-            del ddelta
-            d_dtw = torch.einsum("bdl,brl->dr", gd, x_dbl[:, :r]) if need[4] else None
-            dx_dbl[:, :r] = torch.matmul(dtw.t(), gd)
+                gd, d_dtrms = _cast(dd2, mdt), None
+            del dd2
+            d_dtw = torch.matmul(gd, x_dbl[:r].t()) if need[4] else None
+            torch.matmul(dtw.t(), gd, out=dx_dbl[:r]) if dx_dbl.dtype == gd.dtype else dx_dbl[:r].copy_(dtw.t() @ gd)
             del gd
 
             grads_bc = []
+            dx_dbl3 = _bdl(dx_dbl, bt)
             for g, pre, given, rms_w, pbias, first in ((dB, B_pre, B, b_rms_weight, B_proj_bias, True),
                                                         (dC, C_pre, C, c_rms_weight, C_proj_bias, False)):
                 d_rms = d_pbias = d_given = None
@@ -275,19 +300,21 @@ class MambaInnerFn(torch.autograd.Function):
                         g, d_rms = _rms_bwd(g, pre, rms_w, cfg.eps, 1)
                     if pbias is not None:
                         d_pbias = g.float().sum((0, 2))
-                    lo = r if first else x_dbl.shape[1] - cfg.ds
-                    dx_dbl[:, lo:lo + cfg.ds] += g.to(mdt)
+                    lo = r if first else x_dbl.shape[0] - cfg.ds
+                    dx_dbl3[:, lo:lo + cfg.ds] += g.to(mdt)
                 grads_bc.append((d_given, d_pbias, d_rms))
             del dB, dC, B_pre, C_pre
 
-            d_xw = torch.einsum("bkl,bdl->kd", dx_dbl, _cast(conv, mdt)) if need[3] else None
+            d_xw = torch.matmul(dx_dbl, _cast(conv, mdt).t()) if need[3] else None
             del conv
-            dconv = du.add_(torch.matmul(xw.t(), dx_dbl).to(du.dtype))
-            del du, dx_dbl
-            dx, dcw, dcb, _ = _conv1d.conv1d_bwd(dconv, x, cw, conv1d_bias, None, None, None, True, det, None, False)
-            del dconv
-            dxz[:, :dm].copy_(dx)
-            del dx
+            if du2.dtype == mdt:
+                du2.addmm_(xw.t(), dx_dbl)  # dconv = du + x_proj^T dx_dbl, fused into the GEMM
+            else:
+                du2.add_(torch.matmul(xw.t(), dx_dbl).to(du2.dtype))
+            del dx_dbl
+            _, dcw, dcb, _ = _conv1d.conv1d_bwd(_bdl(du2, bt), x, cw, conv1d_bias, None, None, None, True, det,
+                                                None, False, dx=dxz[:, :dm])
+            del du2
 
         m = _sst._match
         (dBg, dBpb, dbrms), (dCg, dCpb, dcrms) = grads_bc

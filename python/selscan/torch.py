@@ -296,10 +296,13 @@ class _BwdPlan:
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
 
 
-def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, separate=False):
+def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, separate=False, into=None):
     """The eight gradients (None where the input is absent), or None when the general path must run. The
     inputs are what _fast_fwd returned (library-ready); x is read only when seqlen > 2048, out only with z.
-    Gradients share three allocations unless `separate` (custom-op outputs may not share storage)."""
+    Gradients share three allocations unless `separate` (custom-op outputs may not share storage).
+    `into` (du, ddelta, dz, out_z): tensors the library writes instead of new ones, any unit-last-stride layout
+    (None: allocated here); out_z, given only with z, is the recomputed out * silu(z), appended to the result.
+    The fused layer uses it to write dz into its dxz and du / ddelta in the layout of its projections."""
     if not _plan.ENABLED:
         return None
     dev = u.get_device()
@@ -307,20 +310,26 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
         x = None
     if z is None:
         out = None
+    given = None if into is None else tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in into)
     key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, deterministic, dout.shape, dout.stride(),
-                                                   dout.dtype, x is None, out is None))
+                                                   dout.dtype, x is None, out is None, given))
     plans = _plan.cache("torch_bwd")
     bp = plans.get(key, False)
     if bp is None:
         return None
     if bp is False:
-        plans[key] = bp = _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev)
+        plans[key] = bp = _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev,
+                                        into)
         if bp is None:
             return None
     if bp.dout_rows:
         dout = dout.contiguous()
-    if separate:
-        grads = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in bp.shapes]
+    if separate or into is not None:
+        given = {} if into is None else {0: into[0], 1: into[1], 6: into[2]}
+        grads = [given[i] if given.get(i) is not None else None if s is None else u.new_empty(s[0], dtype=s[1])
+                 for i, s in enumerate(bp.shapes)]
+        if into is not None:
+            grads.append(into[3])
     else:
         grads = _shared_grads(bp, u, A, D, z, bias)
     if _backends.POISON:
@@ -348,7 +357,11 @@ def _shared_grads(bp, u, A, D, z, bias):
     return [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
 
 
-def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev):
+def _given(t, fallback):
+    return fallback if t is None else t
+
+
+def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev, into=None):
     it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
     if it is None or wt is None or u.device.type not in ("cpu", "cuda") or dout.shape != u.shape:
         return None
@@ -379,8 +392,16 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
         (u, u.dtype), (u, u.dtype), (A, A.dtype), (B, u.dtype if var_b else A.dtype), (C, u.dtype if var_c else A.dtype),
         (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
     grads = _shared_grads(bp, u, A, D, z, bias)
+    names = _GRADS
+    if into is not None:
+        if (z is None) != (into[3] is None) or any(
+                t is not None and (t.shape != u.shape or t.dtype != u.dtype or t.device != u.device) for t in into):
+            return None
+        grads = [_given(into[0], grads[0]), _given(into[1], grads[1])] + grads[2:6] + [_given(into[2], grads[6]),
+                                                                                       grads[7], into[3]]
+        names = _GRADS + ("out_z",)
     named = (tuple(zip(_lib.BWD_INPUTS[:8], (u, delta, A, B, C, D, z, bias))) + (("dout", dout), ("x", x), ("out", out))
-             + tuple(zip(_GRADS, grads)))
+             + tuple(zip(names, grads)))
     plan = _make_plan("bwd", named, {"delta_softplus": softplus, "deterministic": deterministic}, dev)
     if plan is None:
         return None

@@ -372,3 +372,43 @@ def test_16bit_weights():
             assert li[n].grad is not None and li[n].grad.dtype == li[n].dtype, n
             assert torch.isfinite(li[n].grad).all(), n
     assert (out.double() - ref).abs().max().item() <= 4e-2 * ref.abs().max().item()
+
+
+def test_layout_copies_and_fused_outputs(monkeypatch):
+    """The layer's data movement, counted (not timed): with xz as transformers passes it (in_proj's output
+    transposed), the forward and backward copy xz once (made L-contiguous, as upstream) and out_z at most twice
+    (transposed to (batch, seqlen, dim) for out_proj and for its weight gradient), nothing else of that size.
+    conv, x_dbl, delta, dy, du and ddelta are (rows, batch*L) GEMM operands the kernels read and write in place,
+    the scan writes dz into dxz and recomputes out_z itself, the conv writes dx into dxz: the general scan path,
+    which would need copies, must not run."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from selscan import torch as sst
+    t = make(torch.Generator().manual_seed(21), bt=2, dm=16, L=24, N=8, R=4, E=12)
+    li = lib_inputs(t, act=torch.bfloat16)
+    leaf = li["xz"].detach().transpose(1, 2).contiguous().requires_grad_(True)  # in_proj's output, (b, L, 2d)
+    li["xz"] = xz = leaf.transpose(1, 2)
+    bdl = 2 * 16 * 24
+    copies = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket)
+            if name in ("aten.clone", "aten.copy_", "aten._to_copy", "aten.contiguous") and \
+                    isinstance(out, torch.Tensor) and out.numel() in (bdl, 2 * bdl):
+                copies.append((name, tuple(out.shape)))
+            return out
+
+    def no_general(*a, **k):
+        raise AssertionError("the general scan path ran")
+
+    monkeypatch.setattr(sst, "_bwd_impl", no_general)
+    monkeypatch.setattr(sst, "_fwd_impl", no_general)
+    call(li)  # plans made outside the count
+    with Count():
+        out = call(li)
+        dxz, dw, dow = torch.autograd.grad(out.float().sum(), [xz, li["x_proj_weight"], li["out_proj_weight"]])
+    assert dxz.shape == xz.shape and torch.isfinite(dxz).all() and dw.abs().sum() > 0 and dow.abs().sum() > 0
+    assert sum(1 for _, s in copies if s == (2, 32, 24)) == 1, copies  # xz
+    assert sum(1 for _, s in copies if s == (2, 24, 16)) <= 2, copies  # out_z transposed
+    assert len(copies) <= 3, copies
