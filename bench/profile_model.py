@@ -27,6 +27,9 @@ def main():
     ap.add_argument("--state", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=50280)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--python", action="store_true", help="cProfile the host side instead (train, prefill, and "
+                    "generate at batch 1): where the Python time of a step goes, the GPU kept busy")
+    ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -35,6 +38,8 @@ def main():
         sst.enable()
     device = torch.device("cuda")
     model = tm.build_model(args, device, torch.bfloat16)
+    if args.python:
+        return host_profile(args, model, device)
     for shape in args.shapes.split(","):
         bt, L = (int(v) for v in shape.split("x"))
         ids = torch.randint(0, args.vocab, (bt, L), device=device)
@@ -60,6 +65,52 @@ def main():
             print(ka.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=70))
             print(f"\n### {args.config} {name} {shape}: by host time")
             print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows // 2, max_name_column_width=70))
+    return 0
+
+
+def host_profile(args, model, device):
+    import cProfile
+    import pstats
+    import time
+    import torch
+    shape = args.shapes.split(",")[-1]
+    bt, L = (int(v) for v in shape.split("x"))
+    ids = torch.randint(0, args.vocab, (bt, L), device=device)
+    prompt = torch.randint(0, args.vocab, (1, 64), device=device)
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    def prefill():
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+
+    def generate():
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+
+    for name, fn, mode, reps in (("train", train, model.train, 10), ("prefill", prefill, model.eval, 20),
+                                 ("generate b1", generate, model.eval, 2)):
+        mode()
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        per = (time.perf_counter() - t0) / reps
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        pr.disable()
+        print(f"\n### {args.config} {name} {shape if name != 'generate b1' else ''}: {per * 1e3:.2f} ms a call "
+              f"without the profiler")
+        st = pstats.Stats(pr)
+        st.sort_stats("tottime").print_stats(args.rows)
     return 0
 
 
