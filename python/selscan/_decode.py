@@ -244,9 +244,9 @@ def _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, pad, dst, 
     call = plan.caller(positions, fw.ptr_expr)
     call.plan = plan
     call(ins, fw.stream(kind, dev), 0)
-    as_given = all(a is b for a, b in zip(ins, (x, dt, A, B, C, D, z, dt_bias, idx, state, given_out, dst))
-                   if b is not None)
-    return out, specs, call, as_given
+    callers = (x, dt, A, B, C, D, z, dt_bias, idx, state, given_out, dst)
+    converted = {n: b for n, a, b in zip(_NAMES, ins, callers) if b is not None and a is not b}
+    return out, specs, call, converted
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -285,10 +285,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             out = fw.empty(x)
         call(given + (out, dst), fw.stream(kind, dev), 0)
         return out
-    out, _, call, as_given = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, state_batch_indices,
-                                      pad, dst, out, num_threads)
+    out, _, call, converted = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, state_batch_indices,
+                                       pad, dst, out, num_threads)
     # Only a signature that needed no conversion is cached: a cached call passes the caller's arrays as they are.
-    if key is not None and as_given:
+    if key is not None and not converted:
         plans[key] = call
     return out
 
@@ -311,9 +311,11 @@ _STEP_TENSORS = {"x": "x", "dt": "dt", "A": "A", "B": "B", "C": "C", "D": "D", "
                  "state_batch_indices": "idx", "state": "state", "dst_state_batch_indices": "dst", "out": "out"}
 
 
-def _torch_step_fn(plan, specs, devnum, softplus, pad, num_threads, alloc_out, torch):
-    """The generated per-signature function: returns out, or None when an argument does not match the plan."""
-    checks, writes = [f"(not softplus) is {not softplus}", f"nt == {num_threads}"], []
+def _torch_step_fn(plan, specs, devnum, softplus, pad, num_threads, alloc_out, torch, converted):
+    """The generated per-signature function: returns out, or None when an argument does not match the plan.
+    converted: name -> the caller's tensor, for arguments the first call converted (e.g. a model's bf16 D and
+    dt_bias to float32): the step checks the caller's tensor and converts it the same way."""
+    checks, writes, scope = [f"(not softplus) is {not softplus}", f"nt == {num_threads}"], [], {}
     dtypes = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "i32": "i32", "i64": "i64"}
     for name, arg in _STEP_TENSORS.items():
         if name not in specs:
@@ -322,6 +324,13 @@ def _torch_step_fn(plan, specs, devnum, softplus, pad, num_threads, alloc_out, t
             continue
         code, shape, strides = specs[name]
         if name == "out" and alloc_out:  # allocated below from x: its layout follows from x's shape
+            continue
+        given = converted.get(name)
+        if given is not None:
+            scope[f"from_{arg}"] = given.dtype
+            checks.append(f"{arg}.shape == {tuple(given.shape)!r} and {arg}.stride() == {tuple(given.stride())!r} "
+                          f"and {arg}.dtype is from_{arg} and {arg}.get_device() == {devnum}")
+            writes.append(f"{arg} = {arg}.to({dtypes[code]})")
             continue
         checks.append(f"{arg}.shape == {tuple(shape)!r} and {arg}.stride() == {tuple(strides)!r} and "
                       f"{arg}.dtype is {dtypes[code]} and {arg}.get_device() == {devnum}")
@@ -341,11 +350,11 @@ def _torch_step_fn(plan, specs, devnum, softplus, pad, num_threads, alloc_out, t
            + "    status = fn(a, e)\n    if status:\n        fail(status)\n    return out\n")
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda dev: torch.cuda.current_stream(dev).cuda_stream)
-    scope = {"q": plan.q, "eq": plan.eq, "fn": plan.fn, "a": plan.a_addr, "e": plan.e_addr, "plan": plan,
+    scope.update({"q": plan.q, "eq": plan.eq, "fn": plan.fn, "a": plan.a_addr, "e": plan.e_addr, "plan": plan,
              "fail": plan._fail, "empty_like": torch.empty_like, "contiguous": torch.contiguous_format,
              "backends": _backends, "nan": float("nan"), "raw_stream": raw_stream,
              "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32,
-             "i64": torch.int64}
+             "i64": torch.int64})
     exec(compile(src, "<selscan decode step>", "exec"), scope)
     step = scope["step"]
     step.plan = plan
@@ -379,10 +388,12 @@ def torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_
     fw = _framework(x)
     softplus = 1 if dt_softplus else 0
     pad = int(pad_slot_id)
-    r, specs, call, as_given = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, pad, dst, out,
-                                        num_threads)
-    if as_given and _plan.ENABLED:
-        step = _torch_step_fn(call.plan, specs, x.get_device(), softplus, pad, num_threads, out is None, fw.torch)
+    r, specs, call, converted = _general(fw, state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, pad, dst, out,
+                                         num_threads)
+    # A conversion the step can repeat (not of x: out's layout follows from it) keeps the signature cached.
+    if "x" not in converted and _plan.ENABLED:
+        step = _torch_step_fn(call.plan, specs, x.get_device(), softplus, pad, num_threads, out is None, fw.torch,
+                              converted)
         steps = _thread_steps().setdefault(x.shape, [])
         steps.insert(0, step)
         del steps[_MAX_STEPS:]

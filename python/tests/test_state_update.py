@@ -342,7 +342,7 @@ def test_torch_steps_follow_every_argument():
         {"dt_softplus": False},
         {"pad_slot_id": 5, "state_batch_indices": np.array([5, 1, 3], dtype=np.int32)},  # 5 is padding here
         {"state_batch_indices": np.array([0, 1, 2], dtype=np.int64)},
-        {"dt": "float64"},  # converted: the general path every time
+        {"dt": "float64"},  # converted by the first call, then by its step
         {"out": torch.empty(3, 8)},
         {"out": wide[:, ::2]},  # strided out: the other columns stay
         {"z": None, "D": None},
@@ -379,6 +379,36 @@ def test_torch_steps_follow_every_argument():
     t = to_torch(make(rng, pool=7, H=8), "cpu")
     with pytest.raises(selscan.SelscanError, match="out: dtype torch.float64"):
         selective_state_update(**t, out=torch.empty(3, 8, dtype=torch.float64))
+
+
+@needs_torch
+def test_torch_steps_repeat_conversions(monkeypatch):
+    """A model kept in bf16 hands D and dt_bias in bf16 (the library reads them in float32) on every decode call:
+    after the first call of the signature no call plan is made again (the step converts them itself), and every
+    call matches the reference computed from the same bf16 values."""
+    from selscan import _plan
+    from selscan.torch import selective_state_update
+    rng = np.random.default_rng(58)
+    made = []
+    real = _plan.Plan.__init__
+
+    def counting(self, *a, **k):
+        made.append(a[0])
+        real(self, *a, **k)
+
+    monkeypatch.setattr(_plan.Plan, "__init__", counting)
+    for i in range(3):
+        a = make(rng, H=8)
+        a["dt_softplus"] = True
+        t = to_torch(a, "cpu", torch.bfloat16)
+        t["D"], t["dt_bias"] = t["D"].to(torch.bfloat16), t["dt_bias"].to(torch.bfloat16)
+        want_out, want_state = call_ref({k: (w.float().numpy() if isinstance(w, torch.Tensor) else w)
+                                         for k, w in t.items()})
+        got = selective_state_update(**t)
+        np.testing.assert_allclose(got.float().numpy(), want_out, rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(t["state"].float().numpy(), want_state, rtol=2e-2, atol=2e-2)
+        assert len(made) == (1 if i == 0 else made_after_first), made
+        made_after_first = len(made)
 
 
 @needs_torch
