@@ -100,12 +100,17 @@ def run_one(args):
             with torch.no_grad():
                 model(input_ids=ids, use_cache=False)
 
-        model.train()
-        row["peak_bytes"][f"train {shape}"] = peak(device, train)
-        row["train"][shape] = ids.numel() / timed(train, device, args.iters, args.rounds)
-        model.eval()
-        row["peak_bytes"][f"prefill {shape}"] = peak(device, prefill)
-        row["prefill"][shape] = ids.numel() / timed(prefill, device, args.iters, args.rounds)
+        for kind, fn, mode in (("train", train, model.train), ("prefill", prefill, model.eval)):
+            mode()
+            try:
+                row["peak_bytes"][f"{kind} {shape}"] = peak(device, fn)
+                row[kind][shape] = ids.numel() / timed(fn, device, args.iters, args.rounds)
+            except torch.OutOfMemoryError:  # the torch path's scan at 8x2048 (~5 GiB of fp32 states a layer)
+                model.zero_grad(set_to_none=True)
+                row["peak_bytes"][f"{kind} {shape}"] = None
+                row[kind][shape] = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     model.eval()
     for b in (int(v) for v in args.gen_batches.split(",") if v):
         ids = torch.randint(0, args.vocab, (b, args.prompt), device=device)
@@ -201,7 +206,7 @@ def main():
     by = {row["config"]: row for row in rows}
 
     def ratio(kind, key, base):
-        if "selscan" not in by or base not in by:
+        if "selscan" not in by or base not in by or not by["selscan"][kind][key] or not by[base][kind][key]:
             return "-"
         return f"{by['selscan'][kind][key] / by[base][kind][key]:.2f}"
 
@@ -210,7 +215,8 @@ def main():
     for kind, unit in (("train", "tokens/s"), ("prefill", "tokens/s"), ("generate", "new tokens/s")):
         keys = next(iter(by.values()))[kind].keys() if by else []
         for key in keys:
-            vals = " | ".join(f"{row[kind][key]:,.0f}" for row in by.values())
+            vals = " | ".join("out of memory" if row[kind][key] is None else f"{row[kind][key]:,.0f}"
+                              for row in by.values())
             print(f"| {kind} {key} ({unit}) | {vals} | {ratio(kind, key, 'upstream')} | {ratio(kind, key, 'torch')} |")
     for key in (next(iter(by.values()))["peak_bytes"].keys() if by else []):
         vals = " | ".join("-" if row["peak_bytes"][key] is None else f"{row['peak_bytes'][key] / 2**30:.2f} GiB"
