@@ -217,6 +217,7 @@ def test_generate_gives_the_model_s_own_tokens(make, device, calls):
 
 def test_enable_disable_round_trip(calls):
     originals = {n: getattr(mm, n) for n in sst._NAMES}
+    own_forward = mm.MambaMixer.forward
     model = _mamba().eval()
     ids = _ids()
 
@@ -230,24 +231,47 @@ def test_enable_disable_round_trip(calls):
     assert sst.is_enabled() and sst.is_enabled(mm.__name__)
     assert all(getattr(mm, n) is not originals[n] for n in sst._NAMES)
     assert len([1 for m, *_ in sst._saved if m is mm]) == len(sst._NAMES)
+    assert mm.MambaMixer.forward is not own_forward
     ours = forward()
     n_enabled = dict(calls)
-    assert n_enabled["selective_scan_fn"] == 2 and n_enabled["causal_conv1d_fn"] == 2, n_enabled
+    # An eval forward without a cache or mask takes the fused layer, one call per layer.
+    assert n_enabled["mamba_inner_fn"] == 2 and n_enabled["selective_scan_fn"] == 0, n_enabled
 
     sst.disable()
     assert not sst.is_enabled()
     assert all(getattr(mm, n) is originals[n] for n in sst._NAMES)
+    assert mm.MambaMixer.forward is own_forward
     again = forward()
     assert calls == n_enabled, "selscan was called after disable()"
     assert torch.equal(again, ref)
 
     sst.enable()
     forward()
-    assert calls["selective_scan_fn"] == 4
+    assert calls["mamba_inner_fn"] == 4
     assert _rel(ours, ref) <= LOGIT_TOL
     sst.disable()
     sst.disable()  # harmless when not enabled
     assert all(getattr(mm, n) is originals[n] for n in sst._NAMES)
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_eval_forward_without_cache_takes_the_fused_layer(device, calls):
+    """Prefill for scoring (eval, no cache, no mask) runs the fused layer and matches the model's own path; with an
+    attention mask or a cache, or in FalconMamba, the model's forward runs as written (conv1d + scan)."""
+    model = _mamba(seed=4).to(device).eval()
+    ids = _ids(seed=5).to(device)
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+    sst.enable()
+    with torch.no_grad():
+        fused = model(input_ids=ids, use_cache=False).logits
+    assert calls["mamba_inner_fn"] == 2 and calls["selective_scan_fn"] == 0, calls
+    assert _rel(fused, ref) <= LOGIT_TOL
+    with torch.no_grad():
+        masked = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        cached = model(input_ids=ids, use_cache=True).logits
+    assert calls["mamba_inner_fn"] == 2 and calls["selective_scan_fn"] == 4, calls
+    assert _rel(masked, ref) <= LOGIT_TOL and _rel(cached, ref) <= LOGIT_TOL
 
 
 def test_unsupported_layout_names_the_version_and_changes_nothing(monkeypatch):

@@ -16,6 +16,12 @@ transformers' kernel hub (`kernels`, kernelize / use_kernels=True) is not used: 
 call on each model, and is not installed by default. The mixer has no device gate in 5.x: CPU tensors take the
 same (fused) path as CUDA tensors; tensors on any other device go to the original function.
 
+Prefill without a cache (MambaMixer in eval mode, no cache, no attention mask: scoring, evaluation, embedding)
+takes the fused layer too: enable() wraps MambaMixer.forward so that such a call runs the same mamba_inner_fn call
+as the training branch (the same math as the unfused path, without its four (batch, dim, L)-sized layout copies a
+layer); every other call goes to the model's own forward unchanged. Generation's prefill (with a cache) stays on
+the unfused path, which must fill the cache's conv and recurrent states.
+
 FalconMamba: its fused call passes all-ones rms weights for B, C and dt. mamba_ssm's mamba_inner_fn normalises
 delta over d_inner after dt_proj, while FalconMambaMixer's own forward normalises the time step over its rank
 before dt_proj: two different functions (with mamba_ssm installed, transformers trains one and evaluates the
@@ -26,6 +32,7 @@ the mixer takes its unfused path, whose conv1d and scan are selscan's.
 import sys
 import threading
 
+import torch
 import torch.nn.functional as F
 
 __all__ = ["enable", "disable", "is_enabled", "SUPPORTED", "TESTED_VERSIONS"]
@@ -119,6 +126,31 @@ def _make_adapters(original):
     return adapters
 
 
+def _fused_eval_forward(original):
+    """MambaMixer.forward, sending a no-cache, unmasked eval call through the module's (selscan's) mamba_inner_fn
+    exactly as the training branch calls it; everything else to `original`."""
+    import transformers.models.mamba.modeling_mamba as mm
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        if (self.training or cache is not None or attention_mask is not None or kwargs
+                or hidden_states.device.type not in _SERVED or getattr(self, "_hf_hook", None) is not None):
+            return original(self, hidden_states, cache, attention_mask, **kwargs)
+        projected_states = self.in_proj(hidden_states).transpose(1, 2)
+        out = mm.mamba_inner_fn(
+            projected_states, self.conv1d.weight, self.conv1d.bias if self.use_conv_bias else None,
+            self.x_proj.weight, self.dt_proj.weight, self.out_proj.weight,
+            self.out_proj.bias.float() if self.use_bias else None, -torch.exp(self.A_log.float()), None, None,
+            self.D.float(), delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
+        if out is None:  # an adapter that declines
+            return original(self, hidden_states, cache, attention_mask, **kwargs)
+        return out
+
+    forward.__wrapped__ = original
+    forward.__name__ = forward.__qualname__ = "forward"
+    forward._selscan_adapter = True
+    return forward
+
+
 def _inner_composed(st, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                     out_proj_bias, A, B, C, D, delta_bias, delta_softplus):
     """mamba_ssm's mamba_inner_fn (without rms weights) as selscan's conv1d and scan with torch's matmuls between
@@ -194,6 +226,12 @@ def enable(models=None):
             for n in _NAMES:
                 setattr(module, n, adapters[n])
                 _saved.append((module, n, original[n], adapters[n]))
+            mixer = getattr(module, SUPPORTED[module.__name__])
+            if module.__name__.endswith(".modeling_mamba"):  # FalconMamba: see the module docstring
+                own = mixer.forward
+                wrapped = _fused_eval_forward(own)
+                setattr(mixer, "forward", wrapped)
+                _saved.append((mixer, "forward", own, wrapped))
 
 
 def _by_short_name(m):
