@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
-#        and, named only: limits conv-upstream conv-golden conv-bench
+#        and, named only: limits conv-upstream conv-golden conv-bench roofline
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
@@ -29,6 +29,10 @@
 #                  with `tar -xzf conv1d_golden.tar.gz -C tests/data`), exit 2 when a case was left out
 #   conv-bench     selscan_bench's conv1d/ rows (conv-bench.json) and bench/upstream_conv1d.py's (conv-upstream.json)
 #                  at CONV_BENCH_FILTER (default ^conv1d/), side by side in conv-table.md (bench/conv1d_table.py)
+# Step `roofline`, not part of all either: the forward's roofline levels (bench/roofline; docs/performance.md,
+#   "Roofline micro-benchmark") at ROOFLINE_ARGS (default: the issue's 8x1536x2048:16), roofline.txt and
+#   roofline.json; with ncu first a profile of one launch per level (roofline-ncu.csv), whose instruction counts
+#   the table then shows.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -219,6 +223,38 @@ if named conv-bench; then
     python3 bench/conv1d_table.py "$OUT/conv-bench.json" "$OUT/conv-upstream.json" --out "$OUT/conv-table.md" \
       >>"$OUT/conv-bench.log" 2>&1
     note "conv-bench: table rc=$? (conv-table.md)"
+  fi
+fi
+
+if named roofline; then
+  roofline=$(find "$BUILD" -name 'selscan_roofline' -type f -perm -u+x | head -1)
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -z "$roofline" ]; then
+    note "roofline: no selscan_roofline binary"
+  else
+    # shellcheck disable=SC2206  # ROOFLINE_ARGS is a list of options
+    rargs=(${ROOFLINE_ARGS:-})
+    ncu_arg=()
+    if [ -n "$ncu_bin" ]; then
+      filter='regex:roofline_|fwd_ts_kernel|fwd_warp_kernel'
+      metrics='smsp__inst_executed.sum,smsp__inst_executed_pipe_xu.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,dram__bytes.sum,gpu__time_duration.sum'
+      "$ncu_bin" --csv --print-units base --clock-control none --metrics "$metrics" -k "$filter" \
+        --log-file "$OUT/roofline-ncu.csv" "$roofline" --profile "${rargs[@]}" >"$OUT/roofline-ncu.log" 2>&1
+      rc=$?
+      if [ $rc -ne 0 ] || ! grep -q '"Metric Name"' "$OUT/roofline-ncu.csv" 2>/dev/null; then
+        # An ncu that lacks one of the optional metrics: the two the instruction count needs.
+        "$ncu_bin" --csv --print-units base --clock-control none \
+          --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg -k "$filter" \
+          --log-file "$OUT/roofline-ncu.csv" "$roofline" --profile "${rargs[@]}" >>"$OUT/roofline-ncu.log" 2>&1
+        rc=$?
+      fi
+      note "roofline: ncu profile rc=$rc (roofline-ncu.csv, roofline-ncu.log)"
+      grep -q '"Metric Name"' "$OUT/roofline-ncu.csv" 2>/dev/null && ncu_arg=(--ncu-csv "$OUT/roofline-ncu.csv")
+    else
+      note "roofline: no ncu (PATH, /usr/local/cuda/bin): the table has no instruction counts"
+    fi
+    "$roofline" "${rargs[@]}" "${ncu_arg[@]}" --json "$OUT/roofline.json" >"$OUT/roofline.txt" 2>&1
+    note "roofline rc=$? (roofline.txt, roofline.json)"
   fi
 fi
 
