@@ -6,10 +6,10 @@
 # Usage: tools/build-wheel.sh            (from anywhere; needs python3 with pip and venv, CMake >= 3.25, a C++17
 #                                          compiler, fmt, and a CUDA toolkit: nvcc on PATH, CUDACXX or /usr/local/cuda)
 # Env:   OUT (default dist/), SELSCAN_CUDA_ARCH_LIST (default: the toolkit's full list), JOBS (default nproc).
-# The manylinux tag follows this machine's glibc/libstdc++: build inside a manylinux container for an older one,
-# or SELSCAN_MANYLINUX=2_28 SELSCAN_WITH_CUDA=OFF: the CPU-only library built by zig's clang (PyPI `ziglang`,
-# tools/zig) against glibc 2.28 with libc++ linked statically. That is CPU-only because nvcc cannot use a libc++
-# host compiler on x86-64 (docs/building.md, "manylinux_2_28").
+# The manylinux tag follows this machine's glibc/libstdc++, unless SELSCAN_MANYLINUX=2_28: the library (CUDA
+# kernels and all) compiled by this machine's GCC, nvcc's host compiler included, against glibc 2.28 (headers and
+# link stubs from PyPI's `ziglang`, tools/glibc-2.28) with libstdc++ linked statically; with SELSCAN_WITH_CUDA=OFF
+# as well, the CPU-only library built by zig's clang with libc++ (tools/zig). docs/building.md, "manylinux_2_28".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/dist}
@@ -23,22 +23,29 @@ if [ -z "$MANYLINUX" ]; then
   # A release wheel without the GPU path would be a silent downgrade: CUDA is required here (AUTO would not fail).
   export SELSCAN_WITH_CUDA=ON
 elif [ "$MANYLINUX" = 2_28 ]; then
-  if [ "${SELSCAN_WITH_CUDA:-}" != OFF ]; then
-    echo "build-wheel: SELSCAN_MANYLINUX=2_28 builds the CPU-only library (nvcc rejects zig's libc++ host" \
-         "compiler; docs/building.md): set SELSCAN_WITH_CUDA=OFF to say so" >&2
-    exit 2
-  fi
   if [ ! -x "$TOOLS/bin/python" ] || ! "$TOOLS/bin/python" -c 'import ziglang' 2>/dev/null; then
-    python3 -m venv "$TOOLS"
+    [ -x "$TOOLS/bin/python" ] || python3 -m venv "$TOOLS"
     "$TOOLS/bin/pip" install -q 'ziglang==0.17.1'
   fi
-  export SELSCAN_PYTHON=$TOOLS/bin/python
-  # CMAKE_LIBRARY_ARCHITECTURE: zig does not report the Debian multiarch directory, where fmt's CMake package is.
-  # The floor check below reads the same values.
+  # CMAKE_LIBRARY_ARCHITECTURE: neither toolchain reports the Debian multiarch directory, where fmt's CMake
+  # package is. The floor check below reads the same values.
   GLIBC_FLOOR=2.28
-  export CMAKE_ARGS="-DCMAKE_C_COMPILER=$PWD/tools/zig/zig-cc -DCMAKE_CXX_COMPILER=$PWD/tools/zig/zig-c++
-    -DCMAKE_LIBRARY_ARCHITECTURE=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-    -DSELSCAN_GLIBC_FLOOR=$GLIBC_FLOOR -DSELSCAN_GLIBCXX_FLOOR= -DSELSCAN_CXXABI_FLOOR= ${CMAKE_ARGS:-}"
+  floors="-DCMAKE_LIBRARY_ARCHITECTURE=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+    -DSELSCAN_GLIBC_FLOOR=$GLIBC_FLOOR -DSELSCAN_GLIBCXX_FLOOR= -DSELSCAN_CXXABI_FLOOR="
+  if [ "${SELSCAN_WITH_CUDA:-}" = OFF ]; then
+    export SELSCAN_PYTHON=$TOOLS/bin/python
+    export CMAKE_ARGS="-DCMAKE_C_COMPILER=$PWD/tools/zig/zig-cc -DCMAKE_CXX_COMPILER=$PWD/tools/zig/zig-c++
+      $floors ${CMAKE_ARGS:-}"
+  else
+    export SELSCAN_WITH_CUDA=ON
+    export SELSCAN_GLIBC_SYSROOT=$PWD/build/toolchains/glibc-2.28
+    if [ ! -f "$SELSCAN_GLIBC_SYSROOT/lib/libc.so" ]; then
+      tools/glibc-2.28/make-sysroot.sh "$TOOLS/bin/python" "$SELSCAN_GLIBC_SYSROOT"
+    fi
+    g=$PWD/tools/glibc-2.28
+    export CMAKE_ARGS="-DCMAKE_C_COMPILER=$g/gcc -DCMAKE_CXX_COMPILER=$g/g++ -DCMAKE_CUDA_HOST_COMPILER=$g/g++
+      $floors ${CMAKE_ARGS:-}"
+  fi
 else
   echo "build-wheel: SELSCAN_MANYLINUX=$MANYLINUX is not supported (empty: this machine's glibc, or 2_28)" >&2
   exit 2
@@ -74,9 +81,11 @@ echo "build-wheel: $(basename "$wheel")"
 echo "build-wheel: tag $tag, $bytes bytes ($(awk "BEGIN {printf \"%.1f\", $bytes / 1048576}") MiB); libselscan.so $lib bytes unpacked"
 unzip -p "$wheel" selscan/libselscan.so > "$RAW/libselscan.so"
 if [ -n "$MANYLINUX" ]; then
-  # The promise of the tag, checked on the shipped file: no glibc above the floor, no GLIBCXX_/CXXABI_ at all.
-  cmake -DLIB="$RAW/libselscan.so" -DREADELF=readelf -DGLIBC=$GLIBC_FLOOR -DGLIBCXX= -DCXXABI= \
-    -P tests/abi/check_symbol_versions.cmake
+  # The promise of the tag, checked on the shipped files: no glibc above the floor, no GLIBCXX_/CXXABI_ at all.
+  unzip -p "$wheel" selscan/bin/selscan > "$RAW/selscan"
+  for f in "$RAW/libselscan.so" "$RAW/selscan"; do
+    cmake -DLIB="$f" -DREADELF=readelf -DGLIBC=$GLIBC_FLOOR -DGLIBCXX= -DCXXABI= -P tests/abi/check_symbol_versions.cmake
+  done
   case "$tag" in *manylinux_${MANYLINUX}_*) ;; *) echo "build-wheel: tag $tag is not manylinux_$MANYLINUX" >&2; exit 1;; esac
 fi
 python3 -c 'import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.selscan_build_info.restype = ctypes.c_char_p
