@@ -64,7 +64,7 @@ inline int64_t slot_entry(const void* t, bool i64, int64_t stride, int64_t b) {
 // For kLean, lanes/lane_bits count its lanes and the vec_* flags are set for every vector load it makes.
 struct StateUpdatePlan {
   static constexpr int kStatesPerLane = 8;  // kGeneral's
-  static constexpr int kLeanStates = 8;  // kLean's states a lane: 16 bytes of 16-bit state
+  static constexpr int kLeanStates = 8;  // kLean's states a lane: 16 bytes of 16-bit state, 32 of fp32
   enum Kernel : int { kGeneral = 0, kLean = 1 };
   int kernel;
   int lanes, lane_bits;

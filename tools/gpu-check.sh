@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
-#        and, named only: limits conv-upstream conv-golden conv-bench roofline
+#        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
@@ -223,6 +223,25 @@ if named conv-bench; then
     python3 bench/conv1d_table.py "$OUT/conv-bench.json" "$OUT/conv-upstream.json" --out "$OUT/conv-table.md" \
       >>"$OUT/conv-bench.log" 2>&1
     note "conv-bench: table rc=$? (conv-table.md)"
+  fi
+fi
+
+# The decode step's lean kernel with fp32 state (8 states, 32 bytes a lane), which the default plan does not pick
+# until it has been measured: the decode GPU tests with it forced, then the decode benchmark rows with the default
+# plan and with it forced (decode-default.json / decode-lean.json), in one run.
+if named decode-lean; then
+  gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  if [ -n "$gpu_tests" ]; then
+    SELSCAN_DECODE_KERNEL=lean "$gpu_tests" --gtest_filter='*StateUpdate*' >"$OUT/decode-lean-tests.log" 2>&1
+    note "decode-lean: GPU decode tests with the lean kernel forced rc=$?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/decode-lean-tests.log" | tr -s ' ' | tr '\n' ' ')"
+  fi
+  if [ -n "$bench" ]; then
+    for k in default lean; do
+      SELSCAN_DECODE_KERNEL=$k "$bench" --benchmark_filter='^decode/cuda/' --benchmark_out="$OUT/decode-$k.json" \
+        --benchmark_out_format=json >"$OUT/decode-$k.log" 2>&1
+      note "decode-lean: bench rows, SELSCAN_DECODE_KERNEL=$k rc=$? (decode-$k.json)"
+    done
   fi
 fi
 

@@ -12,7 +12,7 @@
 // uniform, and grid.x covers the channels. Nothing depends on the device's SM count, so a launch queries nothing.
 //
 // state_update_lean, the common case (one token, contiguous aligned state, B and C; see StateUpdatePlan): a thread
-// owns one sequence and 16 bytes of state (4 fp32 or 8 16-bit states) and issues all its loads before it converts
+// owns one sequence and 8 states (16 bytes of 16-bit state, 32 of fp32) and issues all its loads before it converts
 // any, so it needs 32-40 registers (ptxas) and the SM holds 1536-2048 threads: the bytes in flight come from the
 // number of threads (mamba_ssm's Triton kernel's strategy), not from work per thread. When A is constant over n
 // (Mamba-2's per-head A), exp(A dt) is one exp a thread.
@@ -211,10 +211,11 @@ __global__ void __launch_bounds__(kThreads) state_update_kernel(const StateUpdat
 }
 
 // ---------------------------------------------------------------------------------------------- lean kernel
-// 16-bit states only (the plan): 16 bytes of state a lane, StateUpdatePlan::kLeanStates = 8 states. The bytes in
-// flight per SM are what the call's speed follows (mamba_ssm's Triton kernel: 8 bytes a thread with 16-bit state at
-// ~2000 resident threads). Its fp32 form (4 states a lane) measured slower than the general kernel (run 45) and was
-// removed; a next fp32 attempt would own 8 states (32 bytes) a lane.
+// StateUpdatePlan::kLeanStates = 8 states a lane: 16 bytes of 16-bit state, 32 of fp32 (two 16-byte accesses). The
+// bytes in flight per SM are what the call's speed follows (mamba_ssm's Triton kernel: 8 bytes a thread with 16-bit
+// state at ~2000 resident threads). An fp32 form with 4 states a lane measured slower than the general kernel (run
+// 45: the fixed work a thread does per sequence spread over half the bytes); with 8 a lane it covers as many states
+// as the 16-bit form. The plan gives it fp32 state only when asked (SELSCAN_DECODE_KERNEL=lean) until measured.
 constexpr int kLeanStates = StateUpdatePlan::kLeanStates;
 
 // The lean kernel issues every load before it converts any value: a runtime-dtype load converted where it is
@@ -257,14 +258,19 @@ __device__ __forceinline__ int64_t slot_at(const void* idx, bool i64, int64_t st
 // kAConst: A's stride over n is 0 (plan.a_const), one exp a thread; otherwise a lane's A in 16-byte loads and an
 // exp a state. Separate instances because the per-state A costs 4-6 registers (ptxas), and registers are what
 // limits the resident threads. Destinations are a uniform branch: they cost no register.
-// Resident blocks of 128 asked of ptxas: 12 (40 registers); left to itself it takes 46-48.
-constexpr int kLeanMinBlocks = 12;
+// Resident blocks of 128 asked of ptxas: 12 for 16-bit state (40 registers; left to itself it takes 46-48); 10 for
+// fp32 (48), whose state holds 8 registers more between its load and its use.
+template <typename S>
+constexpr int kLeanMinBlocks = sizeof(S) == 4 ? 10 : 12;
+// 16-byte accesses a lane's state takes: 1 (16-bit), 2 (fp32).
+template <typename S>
+constexpr int kStateVecs = static_cast<int>(sizeof(S)) * kLeanStates / 16;
 
 template <typename S, bool kAConst>
-__global__ void __launch_bounds__(kThreads, kLeanMinBlocks) state_update_lean(const StateUpdate p,
-                                                                             const StateUpdatePlan plan) {
-  static_assert(sizeof(S) == 2, "the lean kernel serves 16-bit states");
+__global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S>) state_update_lean(const StateUpdate p,
+                                                                                const StateUpdatePlan plan) {
   constexpr int L = kLeanStates;
+  constexpr int V = kStateVecs<S>;
   const unsigned P = static_cast<unsigned>(p.headdim);
   const unsigned channels = static_cast<unsigned>(p.heads) * P;
   const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
@@ -303,7 +309,10 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks) state_update_lean(co
     return;
   }
   const int64_t cs = h * p.sstate[1] + pp * p.sstate[2] + n0;
-  const uint4 s_raw = __ldcs(reinterpret_cast<const uint4*>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs));
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs);
+  uint4 s_raw[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) s_raw[i] = __ldcs(src + i);
   // The per-channel weights and the writer's z, issued with the state: they arrive before it (L2 hits), and issued
   // before the slot lookup they would hold registers through it.
   const float* A = static_cast<const float*>(p.A) + h * p.sA[0] + pp * p.sA[1];
@@ -323,7 +332,8 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks) state_update_lean(co
   float dt = raw_f32(p.dt_t, dt_raw) + bias;
   if (p.softplus) dt = softplus(dt);
   float s[L], Bv[L], Cv[L];
-  unpack16<S>(s_raw, s);
+#pragma unroll
+  for (int i = 0; i < V; ++i) unpack16<S>(s_raw[i], s + i * (L / V));
   raw_lane_f32(p.B_t, B_raw, Bv);
   raw_lane_f32(p.C_t, C_raw, Cv);
   const float dtx = dt * x;
@@ -344,8 +354,11 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks) state_update_lean(co
     if (p.z != nullptr) y *= silu(raw_f32(p.z_t, z_raw));
     st_dtype(p.x_t, p.out, co, y);
   }
-  if (live && (p.dst == nullptr || to_dst))
-    __stcs(reinterpret_cast<uint4*>(static_cast<S*>(p.state) + dslot * p.sstate[0] + cs), pack16<S>(s));
+  if (live && (p.dst == nullptr || to_dst)) {
+    uint4* dstp = reinterpret_cast<uint4*>(static_cast<S*>(p.state) + dslot * p.sstate[0] + cs);
+#pragma unroll
+    for (int i = 0; i < V; ++i) __stcs(dstp + i, pack16<S>(s + i * (L / V)));
+  }
 }
 
 }  // namespace
@@ -364,13 +377,11 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
   const auto s = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
-    if constexpr (sizeof(S) == 2) {  // the plan gives the lean kernel 16-bit states only
-      if (plan.kernel == StateUpdatePlan::kLean) {
-        // One sequence a block row (the plan keeps batch <= 65535).
-        if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);
-        else state_update_lean<S, false><<<grid(1), kThreads, 0, s>>>(p, plan);
-        return;
-      }
+    if (plan.kernel == StateUpdatePlan::kLean) {
+      // One sequence a block row (the plan keeps batch <= 65535).
+      if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);
+      else state_update_lean<S, false><<<grid(1), kThreads, 0, s>>>(p, plan);
+      return;
     }
     if (p.dst != nullptr) {
       state_update_kernel<S, true><<<grid(kSeqs<S>), kThreads, 0, s>>>(p, plan);

@@ -464,11 +464,11 @@ bool lane_vec_ok(const void* base, Dtype t, int64_t dstate, int states, int64_t 
 }
 
 // The lean kernel's plan, when the call is its case (see StateUpdatePlan); false otherwise.
-bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
-  // 16-bit state only: with fp32 state (4 states a thread) the lean kernel measured slower than the general one
-  // (run 45, H200, Mamba-2 Bt 64: 156 us against 134; validation/optimisation-log.md): a thread's fixed work over
-  // 4 states is more issue than the general kernel's 2 sequences x 8 states.
-  if (p.state_t == Dtype::f32) return false;
+bool plan_lean(const StateUpdate& p, bool fp32_state, StateUpdatePlan* plan) {
+  // fp32 state only when asked: its lean form with 4 states a thread measured slower than the general kernel (run
+  // 45, H200, Mamba-2 Bt 64: 156 us against 134; validation/optimisation-log.md), and the form with 8 (32 bytes) a
+  // thread has not been measured yet.
+  if (p.state_t == Dtype::f32 && !fp32_state) return false;
   const int states = StateUpdatePlan::kLeanStates;
   // One sequence a block row: grid.y's limit bounds the batch (larger batches loop in the general kernel).
   if (p.tokens != 1 || p.batch > 65535 || p.dstate % states != 0) return false;
@@ -497,9 +497,23 @@ bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
 // The lean kernel where the call allows it: a thread per (sequence, channel, 16 bytes of state), few registers and
 // many resident threads, as mamba_ssm's Triton kernel. Otherwise the general kernel: 8 states a lane (32 bytes of fp32
 // state, 16 of 16-bit, a sequence), several sequences a thread (kernels/decode/state_update.cu).
-StateUpdatePlan plan_state_update(const StateUpdate& p) {
+DecodeForce parse_decode_force(const char* value) {
+  if (value == nullptr) return DecodeForce::none;
+  if (std::strcmp(value, "lean") == 0) return DecodeForce::lean;
+  if (std::strcmp(value, "general") == 0) return DecodeForce::general;
+  return DecodeForce::none;
+}
+
+DecodeForce decode_override() {
+  static const DecodeForce force = parse_decode_force(std::getenv("SELSCAN_DECODE_KERNEL"));
+  return force;
+}
+
+StateUpdatePlan plan_state_update(const StateUpdate& p) { return plan_state_update(p, decode_override()); }
+
+StateUpdatePlan plan_state_update(const StateUpdate& p, DecodeForce force) {
   StateUpdatePlan plan{};
-  if (plan_lean(p, &plan)) return plan;
+  if (force != DecodeForce::general && plan_lean(p, force == DecodeForce::lean, &plan)) return plan;
   plan.kernel = StateUpdatePlan::kGeneral;
   const int64_t chunks = (p.dstate + StateUpdatePlan::kStatesPerLane - 1) / StateUpdatePlan::kStatesPerLane;
   plan.lanes = 1;

@@ -53,5 +53,13 @@ SmemClass smem_class(int64_t smem_optin);
 // The decode step's launch plan (kernels/decode/): lanes per channel and the vector paths, from the call alone
 // (its strides and addresses); no device property enters it.
 StateUpdatePlan plan_state_update(const StateUpdate& p);
+// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve, fp32 state
+// included (by default fp32 state stays on the general kernel); `general` the general kernel always.
+enum class DecodeForce { none, lean, general };
+// "lean" -> lean, "general" -> general, anything else (NULL, "auto", ...) -> none.
+DecodeForce parse_decode_force(const char* value);
+// SELSCAN_DECODE_KERNEL, read once per process; plan_state_update(p) plans with it.
+DecodeForce decode_override();
+StateUpdatePlan plan_state_update(const StateUpdate& p, DecodeForce force);
 
 }  // namespace selscan::cuda

@@ -108,6 +108,39 @@ TEST(StateUpdatePlan, LeanWithAConstantOverN) {
       }
 }
 
+// SELSCAN_DECODE_KERNEL: "lean" gives fp32 state the lean kernel (8 states, 32 bytes a lane) where the call's layout
+// allows it, "general" keeps every call on the general kernel; anything else plans as by default.
+TEST(StateUpdatePlan, DecodeKernelOverride) {
+  using selscan::cuda::DecodeForce;
+  EXPECT_EQ(selscan::cuda::parse_decode_force("lean"), DecodeForce::lean);
+  EXPECT_EQ(selscan::cuda::parse_decode_force("general"), DecodeForce::general);
+  EXPECT_EQ(selscan::cuda::parse_decode_force("auto"), DecodeForce::none);
+  EXPECT_EQ(selscan::cuda::parse_decode_force(nullptr), DecodeForce::none);
+  for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_BFLOAT16})
+    for (int64_t N : {16, 128}) {
+      StateUpdateSpec s;
+      s.heads = true, s.headdim = 4, s.dstate = N, s.state_dtype = sd, s.itype = SELSCAN_DTYPE_BFLOAT16;
+      s.has_z = true, s.pool = 7, s.indices = {5, -1, 2};
+      StateUpdateCase c = make_state_update_case(s);
+      selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                             c.idx_storage.data());
+      selscan::StateUpdate p{};
+      ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+      const bool f32 = sd == SELSCAN_DTYPE_FLOAT32;
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, f32 ? kGeneral : kLean) << s.str();
+      const selscan::StateUpdatePlan lean = selscan::cuda::plan_state_update(p, DecodeForce::lean);
+      EXPECT_EQ(lean.kernel, kLean) << s.str();
+      EXPECT_EQ(lean.lanes * selscan::StateUpdatePlan::kLeanStates, N) << s.str();
+      EXPECT_TRUE(lean.vec_state) << s.str();
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::general).kernel, kGeneral) << s.str();
+      s.tokens = 2;  // what the lean kernel cannot serve stays general when forced
+      c = make_state_update_case(s);
+      a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); }, c.idx_storage.data());
+      ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::lean).kernel, kGeneral) << s.str();
+    }
+}
+
 // What the lean kernel leaves to the general one: several tokens, more than grid.y's 65535 sequences, states or
 // B/C off their load's alignment or not contiguous over n.
 TEST(StateUpdatePlan, GeneralOtherwise) {
