@@ -42,16 +42,7 @@ def main():
         return host_profile(args, model, device)
     for shape in args.shapes.split(","):
         bt, L = (int(v) for v in shape.split("x"))
-        ids = torch.randint(0, args.vocab, (bt, L), device=device)
-
-        def train():
-            model.zero_grad(set_to_none=True)
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-
-        def prefill():
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False)
-
+        train, prefill = tm.phases(model, torch.randint(0, args.vocab, (bt, L), device=device))
         for name, fn, mode in (("train", train, model.train), ("prefill", prefill, model.eval)):
             mode()
             for _ in range(3):
@@ -75,16 +66,8 @@ def host_profile(args, model, device):
     import torch
     shape = args.shapes.split(",")[-1]
     bt, L = (int(v) for v in shape.split("x"))
-    ids = torch.randint(0, args.vocab, (bt, L), device=device)
+    train, prefill = tm.phases(model, torch.randint(0, args.vocab, (bt, L), device=device))
     prompt = torch.randint(0, args.vocab, (1, 64), device=device)
-
-    def train():
-        model.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-
-    def prefill():
-        with torch.no_grad():
-            model(input_ids=ids, use_cache=False)
 
     def generate():
         with torch.no_grad():

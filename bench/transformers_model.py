@@ -74,6 +74,22 @@ def build_model(args, device, dtype):
     return MambaForCausalLM(config).to(device=device, dtype=dtype)
 
 
+def phases(model, ids):
+    """(train, prefill) of one batch of token ids: a training step (forward + backward, no cache) and a forward
+    without a gradient or a cache; the caller puts the model in train / eval mode."""
+    import torch
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    def prefill():
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+
+    return train, prefill
+
+
 def run_one(args):
     """One configuration in this process: print its JSON row."""
     import torch
@@ -90,21 +106,12 @@ def run_one(args):
            "train": {}, "prefill": {}, "generate": {}, "peak_bytes": {}}
     for shape in args.shapes.split(","):
         bt, L = (int(v) for v in shape.split("x"))
-        ids = torch.randint(0, args.vocab, (bt, L), device=device)
-
-        def train():
-            model.zero_grad(set_to_none=True)
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-
-        def prefill():
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False)
-
+        train, prefill = phases(model, torch.randint(0, args.vocab, (bt, L), device=device))
         for kind, fn, mode in (("train", train, model.train), ("prefill", prefill, model.eval)):
             mode()
             try:
                 row["peak_bytes"][f"{kind} {shape}"] = peak(device, fn)
-                row[kind][shape] = ids.numel() / timed(fn, device, args.iters, args.rounds)
+                row[kind][shape] = bt * L / timed(fn, device, args.iters, args.rounds)
             except torch.OutOfMemoryError:  # the torch path's scan at 8x2048 (~5 GiB of fp32 states a layer)
                 model.zero_grad(set_to_none=True)
                 row["peak_bytes"][f"{kind} {shape}"] = None
