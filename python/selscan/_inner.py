@@ -131,13 +131,14 @@ def _conv_fwd(x, w, bias):
     return out
 
 
-def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus):
-    """(out before the z gate, out * silu(z), chunk states or None) from the library's forward."""
+def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus, out_z):
+    """(out before the z gate, out * silu(z), chunk states or None) from the library's forward; out_z written into
+    the given tensor (copied there where the general path runs)."""
     want_x = u.shape[-1] > _lib.CHUNK
-    r = _sst._fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, False)
+    r = _sst._fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, False, out_z=out_z)
     if r is None:
-        out, out_z, x, _ = _sst._fwd_impl(*_sst._ready(u, delta, A, B, C, D, z, bias), softplus)
-        return out, out_z, x if want_x else None
+        out, oz, x, _ = _sst._fwd_impl(*_sst._ready(u, delta, A, B, C, D, z, bias), softplus)
+        return out, out_z.copy_(oz), x if want_x else None
     _, (out, out_z, x, _) = r
     return out, out_z, x
 
@@ -222,10 +223,11 @@ class MambaInnerFn(torch.autograd.Function):
             delta, _ = _delta(cfg, x_dbl, _cast(delta_proj_weight, cfg.mdt), dt_rms_weight, bt)
             Bs, _ = _bc(cfg, _bdl(x_dbl, bt), B, B_proj_bias, b_rms_weight, True)
             Cs, _ = _bc(cfg, _bdl(x_dbl, bt), C, C_proj_bias, c_rms_weight, False)
-            out, out_z, states = _scan_fwd(_bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z,
-                                           _cast(delta_bias, torch.float32), cfg.softplus)
-            y = F.linear(_cast(out_z, cfg.mdt).transpose(1, 2), _cast(out_proj_weight, cfg.mdt),
-                         _cast(out_proj_bias, cfg.mdt))
+            out_z = xz.new_empty((cfg.dm, conv.shape[1]))  # out_proj's operand: (batch*L, dim) transposed
+            out, _, states = _scan_fwd(_bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z,
+                                       _cast(delta_bias, torch.float32), cfg.softplus, _bdl(out_z, bt))
+            y = F.linear(_cast(out_z, cfg.mdt).t(), _cast(out_proj_weight, cfg.mdt), _cast(out_proj_bias, cfg.mdt))
+            y = y.view(bt, -1, y.shape[-1])
         keep = (conv, delta) if checkpoint_lvl == 0 else (None, None)
         ctx.save_for_backward(xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
                               out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, b_rms_weight,
@@ -259,14 +261,13 @@ class MambaInnerFn(torch.autograd.Function):
             # The scan writes dz straight into dxz, du and ddelta as (dim, batch*L) matrices (the GEMMs below
             # read them without a copy) and recomputes out_z = out * silu(z) for out_proj's weight gradient.
             dxz = torch.empty_like(xz)
-            du2, dd2 = (xz.new_empty((dm, dy.shape[0] * dy.shape[2])) for _ in range(2))
-            out_z = torch.empty_like(out)
-            du, ddelta, dA, dB, dC, dD, dz, ddb, out_z = _scan_bwd(
+            du2, dd2, oz2 = (xz.new_empty((dm, dy.shape[0] * dy.shape[2])) for _ in range(3))
+            du, ddelta, dA, dB, dC, dD, dz, ddb, _ = _scan_bwd(
                 dy, _bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z, _cast(delta_bias, torch.float32),
-                states, out, cfg.softplus, det, (_bdl(du2, bt), _bdl(dd2, bt), dxz[:, dm:], out_z))
+                states, out, cfg.softplus, det, (_bdl(du2, bt), _bdl(dd2, bt), dxz[:, dm:], _bdl(oz2, bt)))
             del dy, delta, Bs, Cs, dz, du, ddelta
-            d_ow = torch.matmul(dout2.t(), _cast(out_z, mdt).transpose(1, 2).reshape(-1, dm)) if need[5] else None
-            del out_z
+            d_ow = torch.matmul(dout2.t(), _cast(oz2, mdt).t()) if need[5] else None
+            del oz2
             d_ob = dout2.sum(0) if out_proj_bias is not None and need[6] else None
             del dout2
 

@@ -232,19 +232,23 @@ def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
             None if bias is None else (bias.shape, bias.stride(), bias.dtype))
 
 
-def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last):
+def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, out_z=None):
     """((u, delta, A, B, C, D, z, bias) as the library read them, (out, out_z, x, last_state) with None for
-    absent ones), or None when the general path must run. The first call of a signature makes its plan."""
+    absent ones), or None when the general path must run. The first call of a signature makes its plan.
+    out_z: where the library writes out * silu(z) (u's shape and dtype, unit stride in L), else a new tensor."""
     if not _plan.ENABLED or delta is None or A is None or B is None or C is None:
         return None
+    if out_z is not None and (z is None or out_z.shape != u.shape or out_z.dtype != u.dtype):
+        return None
     dev = u.get_device()
-    key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, want_x, want_last))
+    key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, want_x, want_last,
+                                                   None if out_z is None else out_z.stride()))
     plans = _plan.cache("torch_fwd")
     fp = plans.get(key, False)
     if fp is None:
         return None
     if fp is False:
-        plans[key] = fp = _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev)
+        plans[key] = fp = _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev, out_z)
         if fp is None:
             return None
     ins = [u, delta, A, B, C, D, z, bias]
@@ -253,6 +257,8 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last):
     for i in fp.casts:
         ins[i] = ins[i].float()
     outs = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in fp.shapes]
+    if out_z is not None:
+        outs[1] = out_z
     if _backends.POISON:
         for t in outs:
             if t is not None:
@@ -266,7 +272,7 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last):
     return ins, outs
 
 
-def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev):
+def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev, out_z=None):
     it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
     if it is None or wt is None or u.device.type not in ("cpu", "cuda"):
         return None
@@ -280,6 +286,8 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
               ((bt, dm, (L + _lib.CHUNK - 1) // _lib.CHUNK, 2 * n), A.dtype) if want_x else None,
               ((bt, dm, n), A.dtype) if want_last else None)
     outs = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in shapes]
+    if out_z is not None:
+        outs[1] = out_z
     named = tuple(zip(_lib.FWD_INPUTS[:8], ins)) + tuple(zip(_lib.FWD_OUTPUTS, outs))
     plan = _make_plan("fwd", named, {"delta_softplus": softplus}, dev)
     if plan is None:

@@ -376,9 +376,9 @@ def test_16bit_weights():
 
 def test_layout_copies_and_fused_outputs(monkeypatch):
     """The layer's data movement, counted (not timed): with xz as transformers passes it (in_proj's output
-    transposed), the forward and backward copy xz once (made L-contiguous, as upstream) and out_z at most twice
-    (transposed to (batch, seqlen, dim) for out_proj and for its weight gradient), nothing else of that size.
-    conv, x_dbl, delta, dy, du and ddelta are (rows, batch*L) GEMM operands the kernels read and write in place,
+    transposed), the forward and backward copy xz once (made L-contiguous, as upstream) and nothing else of that
+    size. conv, x_dbl, delta, out_z, dy, du and ddelta are (rows, batch*L) GEMM operands the kernels read and write
+    in place,
     the scan writes dz into dxz and recomputes out_z itself, the conv writes dx into dxz: the general scan path,
     which would need copies, must not run."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -409,6 +409,4 @@ def test_layout_copies_and_fused_outputs(monkeypatch):
         out = call(li)
         dxz, dw, dow = torch.autograd.grad(out.float().sum(), [xz, li["x_proj_weight"], li["out_proj_weight"]])
     assert dxz.shape == xz.shape and torch.isfinite(dxz).all() and dw.abs().sum() > 0 and dow.abs().sum() > 0
-    assert sum(1 for _, s in copies if s == (2, 32, 24)) == 1, copies  # xz
-    assert sum(1 for _, s in copies if s == (2, 24, 16)) <= 2, copies  # out_z transposed
-    assert len(copies) <= 3, copies
+    assert [s for _, s in copies] == [(2, 32, 24)], copies  # xz
