@@ -274,6 +274,52 @@ def test_eval_forward_without_cache_takes_the_fused_layer(device, calls):
     assert _rel(masked, ref) <= LOGIT_TOL and _rel(cached, ref) <= LOGIT_TOL
 
 
+def test_fused_forward_makes_xz_without_layout_copies(monkeypatch):
+    """With enable(), a training step's mixers make xz as a (2*dim, batch*L) GEMM result (sst._InProj): no tensor
+    of xz's size is copied in the forward or the backward (transformers' own path copies it twice a layer), and the
+    logits and gradients match the model's own path (test_training_step_matches_the_model_s_own_path)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    model = _mamba(seed=6)
+    ids = _ids(seqlen=23, seed=7)  # xz's size then differs from every parameter's
+    dm2 = model.backbone.layers[0].mixer.in_proj.out_features
+    made = [0]
+    real = sst._InProj.apply
+    monkeypatch.setattr(sst._InProj, "apply", lambda *a: (made.__setitem__(0, made[0] + 1), real(*a))[1])
+    copies = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if str(func.overloadpacket) in ("aten.clone", "aten.copy_", "aten._to_copy") and \
+                    isinstance(out, torch.Tensor) and out.numel() == ids.numel() * dm2:
+                copies.append(str(func.overloadpacket))
+            return out
+
+    sst.enable()
+    _train_step(model, ids)  # call plans made outside the count
+    with Count():
+        _train_step(model, ids)
+    assert made[0] == 2 * len(model.backbone.layers), made
+    assert copies == [], copies
+
+
+def test_hooked_or_adapted_in_proj_keeps_the_model_s_forward(calls):
+    """An in_proj with a forward hook (or any nn.Linear subclass, as LoRA adapters install) is called as the
+    model calls it: the hook runs, and the step still goes through selscan's fused layer."""
+    model = _mamba(seed=8)
+    ref = copy.deepcopy(model)
+    ids = _ids(seed=9)
+    seen = [0]
+    for layer in model.backbone.layers:
+        layer.mixer.in_proj.register_forward_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
+    logits_ref, _ = _train_step(ref, ids)
+    sst.enable()
+    logits, _ = _train_step(model, ids)
+    assert seen[0] == len(model.backbone.layers)
+    assert calls["mamba_inner_fn"] == len(model.backbone.layers), calls
+    assert _rel(logits, logits_ref) <= LOGIT_TOL
+
+
 def test_unsupported_layout_names_the_version_and_changes_nothing(monkeypatch):
     originals = {n: getattr(mm, n) for n in sst._NAMES}
     monkeypatch.delattr(mm, "mamba_selective_state_update")

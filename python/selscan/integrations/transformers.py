@@ -16,11 +16,13 @@ transformers' kernel hub (`kernels`, kernelize / use_kernels=True) is not used: 
 call on each model, and is not installed by default. The mixer has no device gate in 5.x: CPU tensors take the
 same (fused) path as CUDA tensors; tensors on any other device go to the original function.
 
-Prefill without a cache (MambaMixer in eval mode, no cache, no attention mask: scoring, evaluation, embedding)
-takes the fused layer too: enable() wraps MambaMixer.forward so that such a call runs the same mamba_inner_fn call
-as the training branch (the same math as the unfused path, without its four (batch, dim, L)-sized layout copies a
-layer); every other call goes to the model's own forward unchanged. Generation's prefill (with a cache) stays on
-the unfused path, which must fill the cache's conv and recurrent states.
+enable() also wraps MambaMixer.forward: a call without a cache, an attention mask or extra arguments (training, and
+eval for scoring, evaluation, embeddings) runs the same mamba_inner_fn call as the training branch, with in_proj's
+output made as mamba_ssm's Mamba module makes it (a (2*dim, batch*L) GEMM result, so that neither the layer nor
+in_proj's backward copies a (batch, 2*dim, L) tensor; eval without a cache then also skips the unfused path's
+layout copies). Every other call (a cache, a mask, autocast, an in_proj that is not a plain nn.Linear, e.g. with a
+LoRA adapter or a hook) goes to the model's own forward unchanged. Generation's prefill (with a cache) stays on the
+unfused path, which must fill the cache's conv and recurrent states.
 
 FalconMamba: its fused call passes all-ones rms weights for B, C and dt. mamba_ssm's mamba_inner_fn normalises
 delta over d_inner after dt_proj, while FalconMambaMixer's own forward normalises the time step over its rank
@@ -126,16 +128,51 @@ def _make_adapters(original):
     return adapters
 
 
-def _fused_eval_forward(original):
-    """MambaMixer.forward, sending a no-cache, unmasked eval call through the module's (selscan's) mamba_inner_fn
-    exactly as the training branch calls it; everything else to `original`."""
+class _InProj(torch.autograd.Function):
+    """in_proj as mamba_ssm's Mamba module computes it: xz = W @ hidden^T (+ bias), a (2*dim, batch*L) matrix whose
+    (batch, 2*dim, L) view the fused layer reads with unit stride in L. transformers' MambaMixer computes
+    in_proj(hidden).transpose(1, 2) instead, which the layer must copy (and whose gradient in_proj's backward
+    copies back): two (batch, 2*dim, L)-sized copies a layer. The backward returns hidden's gradient contiguous."""
+
+    @staticmethod
+    def forward(ctx, hidden2, weight, bias):
+        ctx.save_for_backward(hidden2, weight)
+        ctx.has_bias = bias is not None
+        xz = torch.matmul(weight, hidden2.t())
+        if bias is not None:
+            xz += bias[:, None]
+        return xz
+
+    @staticmethod
+    def backward(ctx, g):
+        hidden2, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dh = torch.matmul(g.t(), weight) if need[0] else None
+        dw = torch.matmul(g, hidden2) if need[1] else None
+        db = g.sum(1) if ctx.has_bias and need[2] else None
+        return dh, dw, db
+
+
+def _plain_linear(m):
+    """Whether nn.Linear m computes exactly x @ W^T + b: not a subclass (adapters such as LoRA wrap or subclass
+    it) and no hooks."""
+    return type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+
+
+def _fused_forward(original):
+    """MambaMixer.forward, sending a call without a cache, an attention mask or extra arguments (training, and
+    eval for scoring) through the module's (selscan's) mamba_inner_fn as the training branch calls it, with xz
+    from _InProj; everything else to `original`."""
     import transformers.models.mamba.modeling_mamba as mm
 
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-        if (self.training or cache is not None or attention_mask is not None or kwargs
-                or hidden_states.device.type not in _SERVED or getattr(self, "_hf_hook", None) is not None):
+        if (cache is not None or attention_mask is not None or kwargs or hidden_states.dim() != 3
+                or hidden_states.device.type not in _SERVED or getattr(self, "_hf_hook", None) is not None
+                or not _plain_linear(self.in_proj) or torch.is_autocast_enabled(hidden_states.device.type)):
             return original(self, hidden_states, cache, attention_mask, **kwargs)
-        projected_states = self.in_proj(hidden_states).transpose(1, 2)
+        bt, L, _ = hidden_states.shape
+        xz = _InProj.apply(hidden_states.reshape(bt * L, -1), self.in_proj.weight, self.in_proj.bias)
+        projected_states = xz.view(xz.shape[0], bt, L).transpose(0, 1)
         out = mm.mamba_inner_fn(
             projected_states, self.conv1d.weight, self.conv1d.bias if self.use_conv_bias else None,
             self.x_proj.weight, self.dt_proj.weight, self.out_proj.weight,
@@ -229,7 +266,7 @@ def enable(models=None):
             mixer = getattr(module, SUPPORTED[module.__name__])
             if module.__name__.endswith(".modeling_mamba"):  # FalconMamba: see the module docstring
                 own = mixer.forward
-                wrapped = _fused_eval_forward(own)
+                wrapped = _fused_forward(own)
                 setattr(mixer, "forward", wrapped)
                 _saved.append((mixer, "forward", own, wrapped))
 
