@@ -102,6 +102,9 @@ def run_one(args):
     bound = {n: getattr(getattr(mm, n), "__module__", "?") for n in ("mamba_inner_fn", "causal_conv1d_fn",
                                                                         "mamba_selective_scan")}
     model = build_model(args, device, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    # transformers wraps what it binds (functools.wraps keeps its own module name): which kernel packages the
+    # process imported says whether the upstream configuration really runs mamba-ssm's and causal-conv1d's.
+    bound["imported"] = [m for m in ("mamba_ssm", "causal_conv1d", "selective_scan_cuda", "selscan") if m in sys.modules]
     row = {"config": args.config, "transformers": transformers.__version__, "device": str(device), "bound": bound,
            "train": {}, "prefill": {}, "generate": {}, "peak_bytes": {}}
     for shape in args.shapes.split(","):
