@@ -281,7 +281,10 @@ class MambaInnerFn(torch.autograd.Function):
                 gd, d_dtrms = _cast(dd2, mdt), None
             del dd2
             d_dtw = torch.matmul(gd, x_dbl[:r].t()) if need[4] else None
-            torch.matmul(dtw.t(), gd, out=dx_dbl[:r]) if dx_dbl.dtype == gd.dtype else dx_dbl[:r].copy_(dtw.t() @ gd)
+            if dx_dbl.dtype == gd.dtype:
+                torch.matmul(dtw.t(), gd, out=dx_dbl[:r])
+            else:
+                dx_dbl[:r].copy_(dtw.t() @ gd)
             del gd
 
             grads_bc = []
