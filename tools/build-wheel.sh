@@ -6,10 +6,11 @@
 # Usage: tools/build-wheel.sh            (from anywhere; needs python3 with pip and venv, CMake >= 3.25, a C++17
 #                                          compiler, fmt, and a CUDA toolkit: nvcc on PATH, CUDACXX or /usr/local/cuda)
 # Env:   OUT (default dist/), SELSCAN_CUDA_ARCH_LIST (default: the toolkit's full list), JOBS (default nproc).
-# The manylinux tag follows this machine's glibc/libstdc++, unless SELSCAN_MANYLINUX=2_28: the library (CUDA
-# kernels and all) compiled by this machine's GCC, nvcc's host compiler included, against glibc 2.28 (headers and
-# link stubs from PyPI's `ziglang`, tools/glibc-2.28) with libstdc++ linked statically; with SELSCAN_WITH_CUDA=OFF
-# as well, the CPU-only library built by zig's clang with libc++ (tools/zig). docs/building.md, "manylinux_2_28".
+# SELSCAN_MANYLINUX: 2_28 (default; the floor of PyTorch's own wheels): the library (CUDA kernels and all) compiled
+# by this machine's GCC, nvcc's host compiler included, against glibc 2.28 (headers and link stubs from PyPI's
+# `ziglang`, tools/glibc-2.28) with libstdc++ linked statically; with SELSCAN_WITH_CUDA=OFF as well, the CPU-only
+# library built by zig's clang with libc++ (tools/zig). docs/building.md, "manylinux_2_28". `native`: this
+# machine's toolchain as it is, the tag following its glibc and libstdc++.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/dist}
@@ -18,8 +19,8 @@ TOOLS=$PWD/build/wheel-tools
 mkdir -p "$OUT"
 rm -rf "$RAW"
 
-MANYLINUX=${SELSCAN_MANYLINUX:-}
-if [ -z "$MANYLINUX" ]; then
+MANYLINUX=${SELSCAN_MANYLINUX:-2_28}
+if [ "$MANYLINUX" = native ]; then
   # A release wheel without the GPU path would be a silent downgrade: CUDA is required here (AUTO would not fail).
   export SELSCAN_WITH_CUDA=ON
 elif [ "$MANYLINUX" = 2_28 ]; then
@@ -47,7 +48,8 @@ elif [ "$MANYLINUX" = 2_28 ]; then
       $floors ${CMAKE_ARGS:-}"
   fi
 else
-  echo "build-wheel: SELSCAN_MANYLINUX=$MANYLINUX is not supported (empty: this machine's glibc, or 2_28)" >&2
+  echo "build-wheel: SELSCAN_MANYLINUX=$MANYLINUX is not supported (2_28, the default, or native: this machine's" \
+    "glibc and libstdc++)" >&2
   exit 2
 fi
 # The full list unless the caller chose one on purpose; a stray TORCH_CUDA_ARCH_LIST must not narrow it.
