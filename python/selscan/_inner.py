@@ -152,7 +152,7 @@ def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det, into):
     if g is None:
         g = _sst._bwd_impl(dy, *ins, x if x is not None else u.new_empty((0,)), out, softplus, det)
         g = [None if t is None else gi for gi, t in zip(g, ins)]
-        for i, t in zip((0, 1, 6), into[:3]):
+        for i, t in zip(_sst._INTO_GRADS, into):
             if g[i] is not None:
                 g[i] = t.copy_(g[i])
         g.append(None if z is None else into[3].copy_(out.float() * F.silu(z.float())))

@@ -302,6 +302,16 @@ class _BwdPlan:
 
 
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
+_INTO_GRADS = (0, 1, 6)  # where _fast_bwd's `into` du, ddelta and dz go among the gradients
+
+
+def _placed(grads, into):
+    """grads with into's du, ddelta and dz in their places (where given) and into's out_z appended."""
+    grads = list(grads)
+    for i, t in zip(_INTO_GRADS, into):
+        if t is not None:
+            grads[i] = t
+    return grads + [into[3]]
 
 
 def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, separate=False, into=None):
@@ -318,9 +328,9 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
         x = None
     if z is None:
         out = None
-    given = None if into is None else tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in into)
+    into_sig = None if into is None else tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in into)
     key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, deterministic, dout.shape, dout.stride(),
-                                                   dout.dtype, x is None, out is None, given))
+                                                   dout.dtype, x is None, out is None, into_sig))
     plans = _plan.cache("torch_bwd")
     bp = plans.get(key, False)
     if bp is None:
@@ -332,12 +342,12 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
             return None
     if bp.dout_rows:
         dout = dout.contiguous()
-    if separate or into is not None:
-        given = {} if into is None else {0: into[0], 1: into[1], 6: into[2]}
-        grads = [given[i] if given.get(i) is not None else None if s is None else u.new_empty(s[0], dtype=s[1])
-                 for i, s in enumerate(bp.shapes)]
-        if into is not None:
-            grads.append(into[3])
+    if into is not None:
+        skip = {i for i, t in zip(_INTO_GRADS, into) if t is not None}
+        grads = _placed([None if s is None or i in skip else u.new_empty(s[0], dtype=s[1])
+                         for i, s in enumerate(bp.shapes)], into)
+    elif separate:
+        grads = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in bp.shapes]
     else:
         grads = _shared_grads(bp, u, A, D, z, bias)
     if _backends.POISON:
@@ -363,10 +373,6 @@ def _shared_grads(bp, u, A, D, z, bias):
     dbias = w[bp.w_sizes[1]:bp.w_sizes[2]] if bias is not None else None
     dB, dC = bp.bc(u)
     return [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
-
-
-def _given(t, fallback):
-    return fallback if t is None else t
 
 
 def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev, into=None):
@@ -405,9 +411,7 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
         if (z is None) != (into[3] is None) or any(
                 t is not None and (t.shape != u.shape or t.dtype != u.dtype or t.device != u.device) for t in into):
             return None
-        grads = [_given(into[0], grads[0]), _given(into[1], grads[1])] + grads[2:6] + [_given(into[2], grads[6]),
-                                                                                       grads[7], into[3]]
-        names = _GRADS + ("out_z",)
+        grads, names = _placed(grads, into), _GRADS + ("out_z",)
     named = (tuple(zip(_lib.BWD_INPUTS[:8], (u, delta, A, B, C, D, z, bias))) + (("dout", dout), ("x", x), ("out", out))
              + tuple(zip(names, grads)))
     plan = _make_plan("bwd", named, {"delta_softplus": softplus, "deterministic": deterministic}, dev)
