@@ -202,7 +202,8 @@ Force parse_force(const char* value) {
 
 const Overrides& env_overrides() {
   static const Overrides o{parse_force(std::getenv("SELSCAN_FWD_KERNEL")),
-                           parse_force(std::getenv("SELSCAN_BWD_KERNEL"))};
+                           parse_force(std::getenv("SELSCAN_BWD_KERNEL")),
+                           parse_decode_force(std::getenv("SELSCAN_DECODE_KERNEL"))};
   return o;
 }
 
@@ -504,12 +505,7 @@ DecodeForce parse_decode_force(const char* value) {
   return DecodeForce::none;
 }
 
-DecodeForce decode_override() {
-  static const DecodeForce force = parse_decode_force(std::getenv("SELSCAN_DECODE_KERNEL"));
-  return force;
-}
-
-StateUpdatePlan plan_state_update(const StateUpdate& p) { return plan_state_update(p, decode_override()); }
+StateUpdatePlan plan_state_update(const StateUpdate& p) { return plan_state_update(p, env_overrides().decode); }
 
 StateUpdatePlan plan_state_update(const StateUpdate& p, DecodeForce force) {
   StateUpdatePlan plan{};

@@ -28,10 +28,17 @@ struct DeviceProps {
 enum class Force { none, warp, ts };
 // "warp" -> warp, "ts" -> ts, anything else (NULL, "auto", ...) -> none.
 Force parse_force(const char* value);
+// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve, fp32 state
+// included (by default fp32 state stays on the general kernel); `general` the general kernel always.
+enum class DecodeForce { none, lean, general };
+// "lean" -> lean, "general" -> general, anything else (NULL, "auto", ...) -> none.
+DecodeForce parse_decode_force(const char* value);
 struct Overrides {
   Force fwd = Force::none, bwd = Force::none;
+  DecodeForce decode = DecodeForce::none;
 };
-// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL, read once per process, so workspace queries and calls agree.
+// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL / SELSCAN_DECODE_KERNEL, read once per process, so workspace queries and
+// calls agree.
 const Overrides& env_overrides();
 
 // SUCCESS and the plan, or UNSUPPORTED (the chosen kernel needs more shared memory per block than the device
@@ -51,15 +58,8 @@ enum class SmemClass { small, medium, large };
 SmemClass smem_class(int64_t smem_optin);
 
 // The decode step's launch plan (kernels/decode/): lanes per channel and the vector paths, from the call alone
-// (its strides and addresses); no device property enters it.
+// (its strides and addresses); no device property enters it. The one-argument form plans with env_overrides().decode.
 StateUpdatePlan plan_state_update(const StateUpdate& p);
-// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve, fp32 state
-// included (by default fp32 state stays on the general kernel); `general` the general kernel always.
-enum class DecodeForce { none, lean, general };
-// "lean" -> lean, "general" -> general, anything else (NULL, "auto", ...) -> none.
-DecodeForce parse_decode_force(const char* value);
-// SELSCAN_DECODE_KERNEL, read once per process; plan_state_update(p) plans with it.
-DecodeForce decode_override();
 StateUpdatePlan plan_state_update(const StateUpdate& p, DecodeForce force);
 
 }  // namespace selscan::cuda
