@@ -22,11 +22,7 @@ def main():
     ap.add_argument("--config", choices=("upstream", "selscan", "torch"), required=True)
     ap.add_argument("--shapes", default="8x2048,1x256")
     ap.add_argument("--rows", type=int, default=30)
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--state", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=50280)
-    ap.add_argument("--seed", type=int, default=0)
+    tm.add_model_args(ap)
     ap.add_argument("--python", action="store_true", help="cProfile the host side instead (train, prefill, and "
                     "generate at batch 1): where the Python time of a step goes, the GPU kept busy")
     ap.add_argument("--new-tokens", type=int, default=32)

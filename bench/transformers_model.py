@@ -65,6 +65,15 @@ def peak(device, fn):
     return torch.cuda.max_memory_allocated(device)
 
 
+def add_model_args(ap):
+    """The model's shape (mamba-130m by default) and seed, the options build_model reads."""
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--state", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=50280)
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def build_model(args, device, dtype):
     import torch
     from transformers import MambaConfig, MambaForCausalLM
@@ -167,17 +176,13 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--state", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=50280)
+    add_model_args(ap)
     ap.add_argument("--shapes", default="8x2048,4x2048,1x256", help="training and prefill batch x seqlen")
     ap.add_argument("--gen-batches", default="1,64")
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--upstream-path", default="", help="os.pathsep-separated folders that make mamba_ssm and "
                     "causal_conv1d importable (the upstream configuration); empty: that configuration is skipped")
     ap.add_argument("--configs", default=",".join(CONFIGS))
