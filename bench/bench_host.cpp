@@ -9,6 +9,9 @@
 // and a call may have waited for it, so the batch is discarded and the filler doubled. kCalls stays far below the
 // depth of the launch queue (a full queue makes the enqueuing thread wait). Counters: `us`, the median per-call
 // microseconds over the iterations (`us_min` the fastest), and `retries`, the discarded batches.
+// host_floor/<op> times one bare enqueued operation the same way (an empty kernel, one with an argument as large as
+// the scan kernels', a small memset: bench/host_floor.cu), so a call's time splits into the runtime's launches and
+// the library's own work.
 //
 // The section registers itself when the library sees a CUDA device (SELSCAN_BENCH_DEVICE picks it, default 0);
 // otherwise it says why on stderr and registers nothing.
@@ -20,6 +23,9 @@
 
 #include "bench_common.h"
 #include "support/abi.h"
+#if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
+#  include "host_floor.h"
+#endif
 
 #if defined(SELSCAN_WITH_CUDA) && SELSCAN_WITH_CUDA
 
@@ -56,6 +62,8 @@ class HostFixture {
   std::string error;  // non-empty: setup failed
 
   HostFixture(const CaseSpec& s, bool bwd) : s_(s), bwd_(bwd) { error = setup(); }
+  // Bare operations instead of library calls (the host_floor rows); the shape's buffers are set up all the same.
+  HostFixture(const CaseSpec& s, FloorOp op) : s_(s), bwd_(false), floor_(true), op_(op) { error = setup(); }
   ~HostFixture() {
     if (busy_) cudaEventDestroy(busy_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -63,6 +71,8 @@ class HostFixture {
   }
 
   selscan_status_t call() {
+    if (floor_)
+      return floor_op(op_, stream_, filler_) == cudaSuccess ? SELSCAN_STATUS_SUCCESS : SELSCAN_STATUS_CUDA_ERROR;
     return bwd_ ? selscan_bwd(&case_.bwd_args(), &case_.exec()) : selscan_fwd(&case_.fwd_args(), &case_.exec());
   }
   selscan_status_t query(size_t* bytes) {
@@ -107,6 +117,8 @@ class HostFixture {
  private:
   CaseSpec s_;
   bool bwd_;
+  bool floor_ = false;
+  FloorOp op_ = FloorOp::empty_launch;
   selscan_support::DeviceCase case_;
   void* filler_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -217,6 +229,20 @@ bool register_host_benchmarks() {
   if (selscan_cuda_device_count(&count) != SELSCAN_STATUS_SUCCESS || count <= bench_device()) {
     std::fprintf(stderr, "selscan_bench: host-cost benchmarks skipped: CUDA device %d not visible\n", bench_device());
     return false;
+  }
+  for (const FloorOp op : {FloorOp::empty_launch, FloorOp::large_args_launch, FloorOp::memset}) {
+    const CaseSpec s = selscan_support::bench_shapes("host").front().spec;
+    benchmark::RegisterBenchmark((std::string("host_floor/") + floor_op_name(op)).c_str(),
+                                 [s, op](benchmark::State& state) {
+                                   HostFixture fx(s, op);
+                                   int retries = 0;
+                                   run(state, fx, [&] { return fx.timed_batch(&retries); });
+                                   state.counters["retries"] = retries;
+                                   state.SetLabel("one bare operation; GPU kept busy");
+                                 })
+        ->UseManualTime()
+        ->Iterations(kBatches)
+        ->Unit(benchmark::kMicrosecond);
   }
   // The "host" shapes of support/bench_shapes.def (bf16, variable B/C, D, z, delta_bias, softplus).
   for (const char* section : {"host", "host_query"})
