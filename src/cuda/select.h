@@ -28,8 +28,8 @@ struct DeviceProps {
 enum class Force { none, warp, ts };
 // "warp" -> warp, "ts" -> ts, anything else (NULL, "auto", ...) -> none.
 Force parse_force(const char* value);
-// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve, fp32 state
-// included (by default fp32 state stays on the general kernel); `general` the general kernel always.
+// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve (the
+// default plan's choice too); `general` the general kernel always.
 enum class DecodeForce { none, lean, general };
 // "lean" -> lean, "general" -> general, anything else (NULL, "auto", ...) -> none.
 DecodeForce parse_decode_force(const char* value);

@@ -46,20 +46,20 @@ TEST(StateUpdatePlan, GeneralLanesCoverDstateInPowersOfTwo) {
   }
 }
 
-// One token, contiguous and aligned, 16-bit state: the lean kernel wherever dstate is a power-of-two number (<= 32)
-// of lanes of 16 bytes of state (8 states), in both forms, with or without a pool and destinations; fp32 state
-// always takes the general kernel (measured faster there).
+// One token, contiguous and aligned: the lean kernel wherever dstate is a power-of-two number (<= 32) of lanes of
+// 8 states (16 bytes of 16-bit state, 32 of fp32), every state dtype, in both forms, with or without a pool and
+// destinations.
 TEST(StateUpdatePlan, LeanWhereDstateIsWholeLanes) {
   const struct {
     int64_t dstate;
-    int lanes_f32, lanes_16;  // 0: the general kernel
-  } rows[] = {{1, 0, 0},  {2, 0, 0},  {4, 0, 0},    {8, 0, 1},   {12, 0, 0},  {16, 0, 2},
-              {24, 0, 0}, {64, 0, 8}, {128, 0, 16}, {200, 0, 0}, {256, 0, 32}};
+    int lanes;  // 0: the general kernel
+  } rows[] = {{1, 0},  {2, 0},  {4, 0},  {8, 1},   {12, 0},  {16, 2},
+              {24, 0}, {64, 8}, {128, 16}, {200, 0}, {256, 32}};
   for (const auto& r : rows)
     for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16})
       for (bool heads : {false, true}) {
         const bool f32 = sd == SELSCAN_DTYPE_FLOAT32;
-        const int lanes = f32 ? r.lanes_f32 : r.lanes_16;
+        const int lanes = r.lanes;
         StateUpdateSpec s;
         s.heads = heads, s.headdim = 4, s.dstate = r.dstate, s.state_dtype = sd, s.has_z = true;
         s.itype = f32 ? SELSCAN_DTYPE_BFLOAT16 : sd;
@@ -78,7 +78,7 @@ TEST(StateUpdatePlan, LeanWhereDstateIsWholeLanes) {
         c = make_state_update_case(s);
         EXPECT_EQ(plan_of(c).kernel, kLean) << s.str();
 
-        s.dst.clear();  // fp32 B and C: one 16-byte load of 4 states' with an fp32 state; 32 bytes with 8 16-bit ones
+        s.dst.clear();  // fp32 B and C: the lean kernel loads a lane's B and C in one 16-byte load each
         s.bc_dtype = SELSCAN_DTYPE_FLOAT32;
         c = make_state_update_case(s);
         EXPECT_EQ(plan_of(c).kernel, kGeneral) << s.str();  // 32 bytes of B and C a lane
@@ -97,10 +97,6 @@ TEST(StateUpdatePlan, LeanWithAConstantOverN) {
         s.broadcast = true, s.has_z = true, s.pool = 9, s.indices = {8, -1, 3, 0};
         StateUpdateCase c = make_state_update_case(s);
         const selscan::StateUpdatePlan plan = plan_of(c);
-        if (sd == SELSCAN_DTYPE_FLOAT32) {
-          EXPECT_EQ(plan.kernel, kGeneral) << s.str();
-          continue;
-        }
         EXPECT_EQ(plan.kernel, kLean) << s.str();
         EXPECT_EQ(plan.lanes, N / 8) << s.str();
         EXPECT_TRUE(plan.a_const) << s.str();
@@ -108,8 +104,8 @@ TEST(StateUpdatePlan, LeanWithAConstantOverN) {
       }
 }
 
-// SELSCAN_DECODE_KERNEL: "lean" gives fp32 state the lean kernel (8 states, 32 bytes a lane) where the call's layout
-// allows it, "general" keeps every call on the general kernel; anything else plans as by default.
+// SELSCAN_DECODE_KERNEL: "lean" gives the lean kernel where the call's layout allows it (as the default plan does),
+// "general" keeps every call on the general kernel; anything else plans as by default.
 TEST(StateUpdatePlan, DecodeKernelOverride) {
   using selscan::cuda::DecodeForce;
   EXPECT_EQ(selscan::cuda::parse_decode_force("lean"), DecodeForce::lean);
@@ -126,8 +122,7 @@ TEST(StateUpdatePlan, DecodeKernelOverride) {
                                              c.idx_storage.data());
       selscan::StateUpdate p{};
       ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-      const bool f32 = sd == SELSCAN_DTYPE_FLOAT32;
-      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, f32 ? kGeneral : kLean) << s.str();
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kLean) << s.str();
       const selscan::StateUpdatePlan lean = selscan::cuda::plan_state_update(p, DecodeForce::lean);
       EXPECT_EQ(lean.kernel, kLean) << s.str();
       EXPECT_EQ(lean.lanes * selscan::StateUpdatePlan::kLeanStates, N) << s.str();
