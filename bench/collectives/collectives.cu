@@ -19,8 +19,9 @@
 //                             cub::WarpReduce::Reduce three times (the kernel reads lane 0's sums only)
 //   rows/<itype>/K<n>         kern::load_run / store_run, a lane's K consecutive itype values of a row as floats
 //                             (fwd K = 16 real / 8 complex, bwd K = 8) vs cub::WarpLoad / WarpStore with the
-//                             VECTORIZE, TRANSPOSE and DIRECT algorithms (the kernels map one warp to one channel's
-//                             row, so the warp-scope collectives are the ones that fit; a block never shares a row)
+//                             VECTORIZE, TRANSPOSE and DIRECT algorithms, and with CUB's Load/StoreDirectBlocked-
+//                             Vectorized (the kernels map one warp to one channel's row, so the warp-scope
+//                             collectives are the ones that fit: no block shares a row, BlockLoad has no place)
 //
 // The scan and sum cases run `iters` collectives per thread in registers: each iteration's inputs are
 // x0 + i * dx (one fmaf per value, so no iteration's collective can be hoisted), its outputs added into per-thread
@@ -391,8 +392,12 @@ struct WarpSum3 {
     } else if constexpr (I == kCub) {
       using WR = cub::WarpReduce<W>;
       __shared__ typename WR::TempStorage tmp[3][kWarps];
+      // Real: Sum, CUB's predicated shfl + add for float; complex: Reduce with the weights' addition (float2 has no +).
 #pragma unroll
-      for (int q = 0; q < 3; ++q) v[q] = WR(tmp[q][warp]).Reduce(v[q], Plus<W>());
+      for (int q = 0; q < 3; ++q) {
+        if constexpr (cw<W>() == 1) v[q] = WR(tmp[q][warp]).Sum(v[q]);
+        else v[q] = WR(tmp[q][warp]).Reduce(v[q], Plus<W>());
+      }
     }
 #pragma unroll
     for (int q = 0; q < 3; ++q) acc_at(acc, q, v[q]);
@@ -426,9 +431,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) coll_kernel(const float*
 }
 
 // ---------------------------------------------------------------------------------------------- rows (IO)
-enum RowAlgo : int { kRowHand = 0, kRowVec, kRowTranspose, kRowDirect };
+// kRowBlockedVec: CUB's free functions LoadDirectBlockedVectorized / StoreDirectBlockedVectorized, which vectorise
+// with a raw pointer; WarpLoad's VECTORIZE does not in the CCCL of CUDA 13.0 (its pointer overloads have a template
+// parameter no argument deduces, NVIDIA/cccl#431; BlockLoad's was fixed by #3517), so it loads element by element.
+enum RowAlgo : int { kRowHand = 0, kRowVec, kRowTranspose, kRowDirect, kRowBlockedVec, kRowAlgos };
 const char* row_algo_name(int a) {
-  return a == kRowHand ? "hand" : a == kRowVec ? "cub_vectorize" : a == kRowTranspose ? "cub_transpose" : "cub_direct";
+  return a == kRowHand         ? "hand"
+         : a == kRowVec        ? "cub_vectorize"
+         : a == kRowTranspose  ? "cub_transpose"
+         : a == kRowDirect     ? "cub_direct"
+                               : "cub_blocked_vec";
 }
 template <int A>
 constexpr cub::WarpLoadAlgorithm kLoadAlgo =
@@ -455,6 +467,17 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(const T* __restrict__ in
 #pragma unroll
       for (int k = 0; k < K; ++k) v[k] = fmaf(2.f, v[k], -1.f);
       kern::store_run<T, K>(dst, t0, L, vout, v);
+    }
+  } else if constexpr (A == kRowBlockedVec) {
+    for (int64_t p0 = 0; p0 < L; p0 += 32 * K) {
+      T items[K];
+      const bool full = p0 + 32 * K <= L;
+      if (full) cub::LoadDirectBlockedVectorized(lane, const_cast<T*>(src + p0), items);
+      else cub::LoadDirectBlocked(lane, src + p0, items, static_cast<int>(L - p0), kern::from_f32<T>(0.f));
+#pragma unroll
+      for (int k = 0; k < K; ++k) items[k] = kern::from_f32<T>(fmaf(2.f, kern::to_f32(items[k]), -1.f));
+      if (full) cub::StoreDirectBlockedVectorized(lane, dst + p0, items);
+      else cub::StoreDirectBlocked(lane, dst + p0, items, static_cast<int>(L - p0));
     }
   } else {
     using WL = cub::WarpLoad<T, K, kLoadAlgo<A>>;
@@ -659,10 +682,11 @@ void run_rows(Ctx& c, const std::string& name, const std::string& where) {
   CHECK_CUDA(cudaMalloc(&d_out, n * sizeof(T)));
   CHECK_CUDA(cudaMemcpy(d_in, h_in.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   const int64_t blocks = (R + kWarps - 1) / kWarps;
-  void (*kernels[4])(const T*, T*, int64_t, int64_t) = {rows_kernel<T, K, kRowHand>, rows_kernel<T, K, kRowVec>,
-                                                        rows_kernel<T, K, kRowTranspose>, rows_kernel<T, K, kRowDirect>};
+  void (*kernels[kRowAlgos])(const T*, T*, int64_t, int64_t) = {
+      rows_kernel<T, K, kRowHand>, rows_kernel<T, K, kRowVec>, rows_kernel<T, K, kRowTranspose>,
+      rows_kernel<T, K, kRowDirect>, rows_kernel<T, K, kRowBlockedVec>};
   const double pieces = static_cast<double>(R) * ((L + 32 * K - 1) / (32 * K));
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kRowAlgos; ++v) {
     Row r;
     r.name = name;
     r.variant = row_algo_name(v);
