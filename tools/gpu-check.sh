@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
-#        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline
+#        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
@@ -33,6 +33,11 @@
 #   "Roofline micro-benchmark") at ROOFLINE_ARGS (default: the issue's 8x1536x2048:16), roofline.txt and
 #   roofline.json; with ncu first a profile of one launch per level (roofline-ncu.csv), whose instruction counts
 #   the table then shows.
+# Step `collectives`, not part of all either: CUB's warp collectives against the kernels' hand-written scans, sums and
+#   row loads/stores (bench/collectives; docs/performance.md, "CUB collectives against the hand-written ones") at
+#   COLLECTIVES_ARGS (default none: 4096 iterations, 11 repeats), collectives.txt and collectives.json (exit 1 when a
+#   variant fails its float64 check); with ncu first a profile of one launch per variant (collectives-ncu.csv), whose
+#   instruction counts the table then shows; and the static SASS counts of every variant's loop (collectives-sass.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -274,6 +279,35 @@ if named roofline; then
     fi
     "$roofline" "${rargs[@]}" "${ncu_arg[@]}" --json "$OUT/roofline.json" >"$OUT/roofline.txt" 2>&1
     note "roofline rc=$? (roofline.txt, roofline.json)"
+  fi
+fi
+
+if named collectives; then
+  [ -f "$BUILD/build.ninja" ] && cmake --build "$BUILD" --target selscan_collectives >"$OUT/collectives-build.log" 2>&1
+  coll=$(find "$BUILD" -name 'selscan_collectives' -type f -perm -u+x | head -1)
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -z "$coll" ]; then
+    note "collectives: no selscan_collectives binary (run the build step first)"
+  else
+    # shellcheck disable=SC2206  # COLLECTIVES_ARGS is a list of options
+    cargs=(${COLLECTIVES_ARGS:-})
+    ncu_arg=()
+    if [ -n "$ncu_bin" ]; then
+      "$ncu_bin" --csv --print-units base --clock-control none --metrics smsp__inst_executed.sum \
+        -k 'regex:coll_kernel|rows_kernel' --log-file "$OUT/collectives-ncu.csv" "$coll" --profile "${cargs[@]}" \
+        >"$OUT/collectives-ncu.log" 2>&1
+      note "collectives: ncu profile rc=$? (collectives-ncu.csv, collectives-ncu.log)"
+      grep -q '"Metric Name"' "$OUT/collectives-ncu.csv" 2>/dev/null && ncu_arg=(--ncu-csv "$OUT/collectives-ncu.csv")
+    else
+      note "collectives: no ncu (PATH, /usr/local/cuda/bin): the table has no instruction counts"
+    fi
+    "$coll" "${cargs[@]}" "${ncu_arg[@]}" --json "$OUT/collectives.json" >"$OUT/collectives.txt" 2>&1
+    note "collectives rc=$? (collectives.txt, collectives.json)"
+    cuobjdump_bin=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
+    if [ -n "$cuobjdump_bin" ]; then
+      "$cuobjdump_bin" -sass "$coll" | python3 bench/collectives/sass_loops.py >"$OUT/collectives-sass.txt" 2>&1
+      note "collectives: static SASS counts rc=$? (collectives-sass.txt)"
+    fi
   fi
 fi
 
