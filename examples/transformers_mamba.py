@@ -3,12 +3,19 @@
 model's own slow (pure PyTorch) path: logits, loss and every parameter gradient, then fwd+bwd tokens/s of both.
 
     python3 examples/transformers_mamba.py              # a small model: correctness and speed vs the slow path
-    python3 examples/transformers_mamba.py --bench      # mamba-130m shape, bf16, batch x seqlen 8x2048 and 1x256:
-                                                        # training (fwd+bwd) and prefill tokens/s
+    python3 examples/transformers_mamba.py --bench [--upstream-path DIRS]
+                                     # the real client, mamba-130m shape, bf16, three configurations in one run:
+                                     # transformers' fast path with mamba-ssm + causal-conv1d, selscan's enable(),
+                                     # the model's own PyTorch path: training and prefill tokens/s at 8x2048, 4x2048
+                                     # and 1x256, generate() at batch 1 and 64, peak memory, an fp32 check
+    python3 examples/transformers_mamba.py --bench-scan # the unfused model with only its scan replaced: selscan's
+                                                        # against upstream's scan and the slow path
     python3 examples/transformers_mamba.py --generate   # greedy generate(): selscan's prefill and decode step
                                                         # against the model's own path, same tokens, tokens/s
 
---bench checks the patched model against the slow path at 1x256 first, then times selscan and, when upstream's
+--bench runs bench/transformers_model.py (its options after --bench are passed on: --upstream-path, --shapes,
+--gen-batches, --configs, --json, ...; `python3 bench/transformers_model.py --help`). --bench-scan checks the
+scan-patched model against the slow path at 1x256 first, then times selscan and, when upstream's
 selective_scan_cuda (or mamba_ssm) is importable, upstream's scan through the same unfused model path
 (bench/upstream_scan.py); the slow path itself is timed at the small shape only (it loops over tokens in Python).
 
@@ -142,7 +149,17 @@ def prefill_tokens_per_s(model, ids, iters, device):
     return ids.numel() * iters / (time.perf_counter() - t0)
 
 
-def bench(args, device):
+def bench_model(extra):
+    """--bench: bench/transformers_model.py with the options that follow --bench."""
+    here = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(here))
+    import transformers_model
+
+    sys.argv = [str(here / "transformers_model.py"), *extra]
+    return transformers_model.main()
+
+
+def bench_scan(args, device):
     """The mamba-130m shape (24 layers, hidden 768, state 16, vocab 50280), bf16, random weights."""
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
     from upstream_scan import upstream_fn
@@ -270,7 +287,9 @@ def selscan_info():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", action="store_true", help="mamba-130m shape timings (see above)")
+    ap.add_argument("--bench", action="store_true",
+                    help="the real-client benchmark, bench/transformers_model.py (options after it are its own)")
+    ap.add_argument("--bench-scan", action="store_true", help="mamba-130m shape, only the scan replaced (see above)")
     ap.add_argument("--generate", action="store_true", help="greedy generate() with selscan's decode step")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -283,11 +302,14 @@ def main():
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    if "--bench" in sys.argv[1:]:
+        at = sys.argv.index("--bench")
+        return bench_model(sys.argv[1:at] + sys.argv[at + 1:])
     args = ap.parse_args()
 
     device = torch.device(args.device)
-    if args.bench:
-        return bench(args, device)
+    if args.bench_scan:
+        return bench_scan(args, device)
     if args.generate:
         return generate(args, device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]

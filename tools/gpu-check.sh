@@ -166,10 +166,16 @@ if want pyhost; then
 fi
 
 if want hf; then
-  # examples/transformers_mamba.py --bench: MambaForCausalLM at the mamba-130m shape (needs transformers).
+  # examples/transformers_mamba.py --bench (bench/transformers_model.py): MambaForCausalLM at the mamba-130m shape,
+  # upstream's fast path (UPSTREAM_SRC's mamba_ssm with the `upstream` and `conv-upstream` steps' builds, when all
+  # three are there), selscan's enable(), and the model's own path (needs transformers).
   lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
+  up=()
+  if [ -n "${UPSTREAM_SRC:-}" ] && [ -d "$BUILD/upstream" ] && [ -d "$BUILD/conv-upstream" ]; then
+    up=(--upstream-path "$(cd "$UPSTREAM_SRC" && pwd):$(cd "$BUILD/upstream" && pwd):$(cd "$BUILD/conv-upstream" && pwd)")
+  fi
   SELSCAN_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} python3 examples/transformers_mamba.py \
-    --bench >"$OUT/hf.txt" 2>&1
+    --bench "${up[@]}" >"$OUT/hf.txt" 2>&1
   note "transformers bench rc=$? (hf.txt)"
 fi
 
