@@ -256,59 +256,55 @@ if named decode-lean; then
   fi
 fi
 
+# profiled_table NAME BINARY FILTER METRICS FALLBACK ARGS...: an ncu profile of `BINARY --profile ARGS` (kernels
+# matching FILTER; METRICS, or FALLBACK where that ncu lacks one of them) into $OUT/NAME-ncu.csv, then the table,
+# `BINARY ARGS --ncu-csv <that csv> --json $OUT/NAME.json`, into $OUT/NAME.txt (without instruction counts when
+# there is no ncu or its profile failed).
+profiled_table() {
+  local name=$1 bin=$2 filter=$3 metrics=$4 fallback=$5 ncu_bin rc csv="$OUT/$1-ncu.csv" ncu_arg=()
+  shift 5
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$ncu_bin" ]; then
+    "$ncu_bin" --csv --print-units base --clock-control none --metrics "$metrics" -k "$filter" \
+      --log-file "$csv" "$bin" --profile "$@" >"$OUT/$name-ncu.log" 2>&1
+    rc=$?
+    if [ -n "$fallback" ] && { [ $rc -ne 0 ] || ! grep -q '"Metric Name"' "$csv" 2>/dev/null; }; then
+      "$ncu_bin" --csv --print-units base --clock-control none --metrics "$fallback" -k "$filter" \
+        --log-file "$csv" "$bin" --profile "$@" >>"$OUT/$name-ncu.log" 2>&1
+      rc=$?
+    fi
+    note "$name: ncu profile rc=$rc ($name-ncu.csv, $name-ncu.log)"
+    grep -q '"Metric Name"' "$csv" 2>/dev/null && ncu_arg=(--ncu-csv "$csv")
+  else
+    note "$name: no ncu (PATH, /usr/local/cuda/bin): the table has no instruction counts"
+  fi
+  "$bin" "$@" "${ncu_arg[@]}" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1
+  note "$name rc=$? ($name.txt, $name.json)"
+}
+
 if named roofline; then
   roofline=$(find "$BUILD" -name 'selscan_roofline' -type f -perm -u+x | head -1)
-  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -z "$roofline" ]; then
     note "roofline: no selscan_roofline binary"
   else
     # shellcheck disable=SC2206  # ROOFLINE_ARGS is a list of options
     rargs=(${ROOFLINE_ARGS:-})
-    ncu_arg=()
-    if [ -n "$ncu_bin" ]; then
-      filter='regex:roofline_|fwd_ts_kernel|fwd_warp_kernel'
-      metrics='smsp__inst_executed.sum,smsp__inst_executed_pipe_xu.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,dram__bytes.sum,gpu__time_duration.sum'
-      "$ncu_bin" --csv --print-units base --clock-control none --metrics "$metrics" -k "$filter" \
-        --log-file "$OUT/roofline-ncu.csv" "$roofline" --profile "${rargs[@]}" >"$OUT/roofline-ncu.log" 2>&1
-      rc=$?
-      if [ $rc -ne 0 ] || ! grep -q '"Metric Name"' "$OUT/roofline-ncu.csv" 2>/dev/null; then
-        # An ncu that lacks one of the optional metrics: the two the instruction count needs.
-        "$ncu_bin" --csv --print-units base --clock-control none \
-          --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg -k "$filter" \
-          --log-file "$OUT/roofline-ncu.csv" "$roofline" --profile "${rargs[@]}" >>"$OUT/roofline-ncu.log" 2>&1
-        rc=$?
-      fi
-      note "roofline: ncu profile rc=$rc (roofline-ncu.csv, roofline-ncu.log)"
-      grep -q '"Metric Name"' "$OUT/roofline-ncu.csv" 2>/dev/null && ncu_arg=(--ncu-csv "$OUT/roofline-ncu.csv")
-    else
-      note "roofline: no ncu (PATH, /usr/local/cuda/bin): the table has no instruction counts"
-    fi
-    "$roofline" "${rargs[@]}" "${ncu_arg[@]}" --json "$OUT/roofline.json" >"$OUT/roofline.txt" 2>&1
-    note "roofline rc=$? (roofline.txt, roofline.json)"
+    # The fallback: an ncu that lacks one of the optional metrics gets the two the instruction count needs.
+    profiled_table roofline "$roofline" 'regex:roofline_|fwd_ts_kernel|fwd_warp_kernel' \
+      'smsp__inst_executed.sum,smsp__inst_executed_pipe_xu.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,dram__bytes.sum,gpu__time_duration.sum' \
+      'smsp__inst_executed.sum,sm__cycles_elapsed.avg' "${rargs[@]}"
   fi
 fi
 
 if named collectives; then
   [ -f "$BUILD/build.ninja" ] && cmake --build "$BUILD" --target selscan_collectives >"$OUT/collectives-build.log" 2>&1
   coll=$(find "$BUILD" -name 'selscan_collectives' -type f -perm -u+x | head -1)
-  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -z "$coll" ]; then
     note "collectives: no selscan_collectives binary (run the build step first)"
   else
     # shellcheck disable=SC2206  # COLLECTIVES_ARGS is a list of options
     cargs=(${COLLECTIVES_ARGS:-})
-    ncu_arg=()
-    if [ -n "$ncu_bin" ]; then
-      "$ncu_bin" --csv --print-units base --clock-control none --metrics smsp__inst_executed.sum \
-        -k 'regex:coll_kernel|rows_kernel' --log-file "$OUT/collectives-ncu.csv" "$coll" --profile "${cargs[@]}" \
-        >"$OUT/collectives-ncu.log" 2>&1
-      note "collectives: ncu profile rc=$? (collectives-ncu.csv, collectives-ncu.log)"
-      grep -q '"Metric Name"' "$OUT/collectives-ncu.csv" 2>/dev/null && ncu_arg=(--ncu-csv "$OUT/collectives-ncu.csv")
-    else
-      note "collectives: no ncu (PATH, /usr/local/cuda/bin): the table has no instruction counts"
-    fi
-    "$coll" "${cargs[@]}" "${ncu_arg[@]}" --json "$OUT/collectives.json" >"$OUT/collectives.txt" 2>&1
-    note "collectives rc=$? (collectives.txt, collectives.json)"
+    profiled_table collectives "$coll" 'regex:coll_kernel|rows_kernel' smsp__inst_executed.sum '' "${cargs[@]}"
     cuobjdump_bin=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
     if [ -n "$cuobjdump_bin" ]; then
       "$cuobjdump_bin" -sass "$coll" | python3 bench/collectives/sass_loops.py >"$OUT/collectives-sass.txt" 2>&1
