@@ -1,5 +1,6 @@
 // The launch floor beside the host-cost rows (bench_host.cpp): what one enqueued operation costs the calling thread
 // with no library work around it, so that a call's host time splits into the library's share and the runtime's.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "host_floor.h"
@@ -18,6 +19,30 @@ __global__ void large_args_kernel(LargeArgs a) {
   if (a.bytes[threadIdx.x] == 0xff && threadIdx.x > 1024) a.bytes[0] = 0;  // reads the argument; never true
 }
 
+// The same empty kernel launched through the driver's cuLaunchKernel (looked up through the runtime, so nothing links
+// libcuda): what a launch would cost the library without the runtime's own layer.
+using DriverLaunch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  CUstream, void**, void**);
+cudaError_t driver_launch(cudaStream_t stream) {
+  static DriverLaunch launch = nullptr;
+  static CUfunction fn = nullptr;
+  if (launch == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || p == nullptr)
+      return cudaErrorSymbolNotFound;
+    cudaFunction_t f = nullptr;
+    if (const cudaError_t e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(&empty_kernel)); e != cudaSuccess)
+      return e;
+    fn = reinterpret_cast<CUfunction>(f);
+    launch = reinterpret_cast<DriverLaunch>(p);
+  }
+  return launch(fn, 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(stream), nullptr, nullptr) == CUDA_SUCCESS
+             ? cudaSuccess
+             : cudaErrorLaunchFailure;
+}
+
 }  // namespace
 
 cudaError_t floor_op(FloorOp op, cudaStream_t stream, void* scratch) {
@@ -32,6 +57,8 @@ cudaError_t floor_op(FloorOp op, cudaStream_t stream, void* scratch) {
     }
     case FloorOp::memset:
       return cudaMemsetAsync(scratch, 0, 4096, stream);
+    case FloorOp::driver_launch:
+      return driver_launch(stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -41,6 +68,7 @@ const char* floor_op_name(FloorOp op) {
     case FloorOp::empty_launch: return "empty_launch";
     case FloorOp::large_args_launch: return "problem_args_launch";
     case FloorOp::memset: return "memset4k";
+    case FloorOp::driver_launch: return "driver_empty_launch";
   }
   return "?";
 }

@@ -5,8 +5,9 @@
 
 namespace selscan_bench {
 
-// large_args_launch: an empty kernel taking an argument of sizeof(selscan::Problem) bytes.
-enum class FloorOp { empty_launch, large_args_launch, memset };
+// large_args_launch: an empty kernel taking an argument of sizeof(selscan::Problem) bytes; driver_launch: the empty
+// kernel through the driver's cuLaunchKernel.
+enum class FloorOp { empty_launch, large_args_launch, memset, driver_launch };
 
 // Enqueues `op` on `stream` (`scratch`: 4 KB of device memory for the memset) and returns the launch's error.
 cudaError_t floor_op(FloorOp op, cudaStream_t stream, void* scratch);
