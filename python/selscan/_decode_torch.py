@@ -5,11 +5,18 @@ with a fake (meta) implementation, so torch.compile traces it without a graph br
 Eager calls of selscan.torch.selective_state_update skip the op dispatcher and go straight to the binding's
 cached call plan (selscan._decode); under torch.compile they go through the op. There is no backward
 (upstream's decode step has none either).
+
+The op library selscan_torch_ops (built with -DSELSCAN_TORCH_OPS=ON; torch >= 2.9) defines selscan::state_update,
+the same step in C++ on PyTorch's stable ABI; load_stable_ops() loads it. It is opt-in while its GPU host cost is
+unmeasured: with SELSCAN_TORCH_STABLE=1 at import, eager calls of selective_state_update go through it.
 """
+
+import os
+import warnings
 
 import torch
 
-from . import _decode, _plan
+from . import _decode, _lib, _plan
 
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
@@ -53,6 +60,47 @@ else:  # torch too old for fake implementations: a plain function (no torch.comp
     selective_state_update_op = _impl
 
 
+# ------------------------------------------------------------------------------------------------ stable-ABI op
+STABLE_OPS_LIBRARY = "libselscan_torch_ops.so"
+stable_ops_path = None  # the op library loaded, once load_stable_ops() succeeded
+stable_ops_error = None  # why it could not be loaded, after a failed load_stable_ops()
+stable_ops_active = False  # whether eager selective_state_update calls go through it (SELSCAN_TORCH_STABLE=1)
+
+
+def _torch_at_least(major, minor):
+    try:
+        have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:  # a version string this does not parse: let the load itself decide
+        return True
+    return have >= (major, minor)
+
+
+def load_stable_ops():
+    """Loads selscan_torch_ops (selscan::state_update) into torch: $SELSCAN_TORCH_OPS_LIBRARY when set, else the
+    file beside the loaded libselscan. Returns torch.ops.selscan.state_update.default, or None (the reason in
+    stable_ops_error)."""
+    global stable_ops_path, stable_ops_error
+    if stable_ops_path is not None:
+        return torch.ops.selscan.state_update.default
+    if not _torch_at_least(2, 9):
+        stable_ops_error = f"torch {torch.__version__} is older than 2.9 (the stable ABI's first version)"
+        return None
+    path = os.environ.get("SELSCAN_TORCH_OPS_LIBRARY") or os.path.join(os.path.dirname(_lib.library_path),
+                                                                        STABLE_OPS_LIBRARY)
+    if not os.path.isfile(path):
+        stable_ops_error = (f"{path} does not exist (build it with -DSELSCAN_TORCH_OPS=ON, or set "
+                            "SELSCAN_TORCH_OPS_LIBRARY)")
+        return None
+    try:
+        torch.ops.load_library(path)
+        op = torch.ops.selscan.state_update.default
+    except (OSError, RuntimeError, AttributeError) as e:
+        stable_ops_error = f"{path} did not load: {e}"
+        return None
+    stable_ops_path, stable_ops_error = path, None
+    return op
+
+
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                            state_batch_indices=None, pad_slot_id=-1, dst_state_batch_indices=None, out=None):
     """mamba_ssm.ops.triton.selective_state_update's signature and semantics, on torch tensors (CPU or CUDA):
@@ -74,3 +122,22 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         pass
     return _torch_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
                        dst_state_batch_indices, out)
+
+
+if os.environ.get("SELSCAN_TORCH_STABLE") == "1":
+    _stable_op = load_stable_ops()
+    if _stable_op is None:
+        warnings.warn(f"SELSCAN_TORCH_STABLE=1: selscan::state_update not used: {stable_ops_error}", stacklevel=2)
+    else:
+        stable_ops_active = True
+        _eager = selective_state_update
+
+        def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                   state_batch_indices=None, pad_slot_id=-1, dst_state_batch_indices=None,
+                                   out=None):
+            """selective_state_update (above), eager calls through the op library selscan_torch_ops."""
+            if _is_compiling():  # the stable op has no fake implementation: the traced op is the Python one
+                return _eager(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                              dst_state_batch_indices, out)
+            return _stable_op(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                              dst_state_batch_indices, out)
