@@ -3,6 +3,8 @@
   eager   selscan.torch.selective_state_update(...)              (the binding's cached call plan, no dispatcher)
   op      torch.ops.selscan.selective_state_update(...)         (the custom op, as torch.compile calls it)
   vllm    selscan.integrations.vllm.selective_state_update(...) (vLLM's signature, out given: no allocation)
+  stable  torch.ops.selscan.state_update.default(...)            (the op library selscan_torch_ops on torch's stable
+                                                                 ABI, when it loads: the checks in C++, out allocated)
   lib     the C ABI alone: selscan_state_update on the eager call's argument struct (ctypes call included)
   alloc   torch.empty_like(x)                                    (the output allocation inside eager)
   ref     torch.add(x, z)                                        (one small torch op, for scale)
@@ -25,7 +27,7 @@ import time
 import torch
 
 import selscan  # noqa: F401  (loads the library)
-from selscan import _decode, _plan
+from selscan import _decode, _decode_torch, _plan
 from selscan.torch import selective_state_update
 
 try:
@@ -82,6 +84,9 @@ def main():
     if _vllm is not None:
         paths["vllm"] = lambda: _vllm.selective_state_update(pool, x, dt, A, B, C, Dw, z, bias, dt_softplus=True,
                                                               state_batch_indices=slots, pad_slot_id=-1, out=out)
+    stable = _decode_torch.load_stable_ops() if hasattr(_decode_torch, "load_stable_ops") else None
+    if stable is not None:
+        paths["stable"] = lambda: stable(pool, x, dt, A, B, C, Dw, z, bias, True, slots, -1, None, None)
     keep = eager()
     plan = _eager_plan()
     if plan is not None:
@@ -117,6 +122,10 @@ def main():
         print(f"{name:8s} {med[name]:18.2f} {min(per_call):8.2f}")
     if "lib" in med:
         print(f"binding (eager - lib): {med['eager'] - med['lib']:.2f} us per call")
+        if "stable" in med:
+            print(f"stable op (stable - lib): {med['stable'] - med['lib']:.2f} us per call")
+    if stable is None and getattr(_decode_torch, "stable_ops_error", None):
+        print(f"stable: not measured ({_decode_torch.stable_ops_error})")
     del keep
 
 

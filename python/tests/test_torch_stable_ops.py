@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from selscan import _decode_torch  # noqa: E402
 from selscan.torch import selective_state_update  # noqa: E402
-from test_state_update import check_torch, make, to_torch  # noqa: E402
+from test_state_update import check_torch, make, needs_cuda, to_torch  # noqa: E402
 
 op = _decode_torch.load_stable_ops()
 if op is None:
@@ -61,6 +61,23 @@ def test_matches_eager_bit_for_bit():
         t1, t2 = to_torch(a, "cpu", torch.bfloat16), to_torch(a, "cpu", torch.bfloat16)
         o1, o2 = eager(**t1), stable(**t2)
         assert o1.dtype == o2.dtype and o1.shape == o2.shape and o2.is_contiguous()
+        assert torch.equal(o1, o2) and torch.equal(t1["state"], t2["state"])
+
+
+@needs_cuda
+def test_cuda_on_the_current_stream():
+    """CUDA tensors: the reference, and bit-identical to the eager path, with a side stream current (the op must
+    enqueue on it: work on the default stream would race the side stream's producers and consumers)."""
+    rng = np.random.default_rng(47)
+    side = torch.cuda.Stream()
+    for kw in cases():
+        a = make(rng, **kw)
+        a["state_batch_indices"][2] = -1
+        with torch.cuda.stream(side):
+            check_torch(a, "cuda", torch.bfloat16, stable)
+            t1, t2 = to_torch(a, "cuda", torch.bfloat16), to_torch(a, "cuda", torch.bfloat16)
+            o1, o2 = eager(**t1), stable(**t2)
+            side.synchronize()
         assert torch.equal(o1, o2) and torch.equal(t1["state"], t2["state"])
 
 
