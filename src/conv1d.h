@@ -75,13 +75,18 @@ struct Conv1d {
   // has_init (forward only) applies to `init` or to conv_states, whichever is given. cache_indices without
   // conv_states only marks padding (its other entries are not read).
 
+  static constexpr int64_t kMaxWidth = 4;  // the widest filter the kernels serve
+
   SELSCAN_HD int64_t rows() const { return varlen ? 1 : batch; }
-  // Calls without per-step sequence logic (dense rows, at most initial_states): the channel-first kernels have a
-  // leaner instance for them (kernels/conv1d/: fwd_plain, bwd_plain), and the plan gives it longer runs.
+  // Calls without per-step sequence logic (dense rows, at most initial_states) at the widest width: the
+  // channel-first kernels have a lean kernel for them (kernels/conv1d/: fwd_plain, bwd_plain) and the channel-last
+  // kernels a pipelined walk, both built with every tap live (narrower widths run the general code with idle taps:
+  // kernels/conv1d/common.cuh, "width"), and the plan gives the lean row kernel longer runs.
   SELSCAN_HD bool plain_fwd() const {
-    return !varlen && seq_idx.p == nullptr && cache_indices.p == nullptr && conv_states.p == nullptr;
+    return width == kMaxWidth && !varlen && seq_idx.p == nullptr && cache_indices.p == nullptr &&
+           conv_states.p == nullptr;
   }
-  SELSCAN_HD bool plain_bwd() const { return !varlen && seq_idx.p == nullptr; }
+  SELSCAN_HD bool plain_bwd() const { return width == kMaxWidth && !varlen && seq_idx.p == nullptr; }
 };
 
 // The decode update: T tokens per sequence advance that sequence's window of past inputs.

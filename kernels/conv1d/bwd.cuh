@@ -20,10 +20,11 @@
 namespace selscan::kern::conv1d {
 
 // g at step P of row (b, d) computed from memory: the last lane of a shuffle group needs it for the W-1 steps past
-// its run. seq_idx / packed calls (`tag` returns the step's seq_idx or sequence).
-template <typename T, int W>
-__device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const float* w, float bias, int* tag) {
-  constexpr int H = W - 1;
+// its run. seq_idx, packed and dense calls (`tag` returns the step's seq_idx or sequence: a dense call's row).
+template <typename T>
+__device__ float g_at(const Conv1d& p, Taps tk, int64_t b, int64_t d, int64_t P, const float* w, float bias,
+                      int* tag) {
+  constexpr int W = kMaxW, H = W - 1;
   *tag = INT_MIN;
   if (P >= p.seqlen) return 0.f;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
@@ -36,17 +37,17 @@ __device__ float g_at(const Conv1d& p, int64_t b, int64_t d, int64_t P, const fl
     if (tc < 0) return 0.f;
 #pragma unroll
     for (int k = 0; k < W; ++k)
-      if (seq_tag(p, b, P - H + k) == tc) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
+      if (tk.live(k) && seq_tag(p, b, P - H + k) == tc) acc = fmaf(w[k], ldt(xr, (P - H + k) * xs), acc);
   } else {
-    const int64_t sb = seq_of(p, P);
-    const int64_t s = cu_at(p, sb), e = cu_at(p, sb + 1);
+    const int64_t sb = p.varlen ? seq_of(p, P) : b;
+    const int64_t s = p.varlen ? cu_at(p, sb) : 0, e = p.varlen ? cu_at(p, sb + 1) : p.seqlen;
     *tag = static_cast<int>(sb);
     if (P < s || P >= e) return 0.f;
     const Start<T> st = seq_start<T>(p, sb, d);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const int64_t pos = P - H + k;
-      acc = fmaf(w[k], pos >= s ? ldt(xr, pos * xs) : st.at(pos - s), acc);
+      if (tk.live(k)) acc = fmaf(w[k], pos >= s ? ldt(xr, pos * xs) : st.at(pos - s), acc);
     }
   }
   return ldt(dr, P * p.dout.s[2]) * dact(acc, p.silu);
@@ -60,26 +61,30 @@ __device__ __forceinline__ float dfin_at(const Conv1d& p, int64_t b, int64_t d, 
   return ldt(static_cast<const T*>(p.dfin.p), b * p.dfin.s[0] + d * p.dfin.s[1] + j * p.dfin.s[2]);
 }
 
-// A block's sums for channel d (dweight's W, then dbias): its part of the workspace ([part][W + 1][D] floats), or,
-// when the call has one part per channel (plan.direct), dweight and dbias themselves in their dtype.
-template <int W>
-__device__ __forceinline__ void put_part(const Conv1d& p, const Conv1dPlan& plan, float* ws, int64_t part, int64_t d,
-                                         const float* v) {
+// A block's sums for channel d (v: the padded taps' sums, then dbias's; the live taps' are dweight's width): its part
+// of the workspace ([part][width + 1][D] floats), or, when the call has one part per channel (plan.direct), dweight
+// and dbias themselves in their dtype.
+__device__ __forceinline__ void put_part(const Conv1d& p, Taps tk, const Conv1dPlan& plan, float* ws, int64_t part,
+                                         int64_t d, const float* v) {
+  constexpr int W = kMaxW;
   if (plan.direct) {
 #pragma unroll
-    for (int k = 0; k < W; ++k) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v[k]);
+    for (int k = 0; k < W; ++k)
+      if (tk.live(k)) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + (k - tk.k0) * p.dweight.s[1], v[k]);
     if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v[W]);
     return;
   }
-  float* wp = ws + part * (W + 1) * p.dim + d;
+  float* wp = ws + part * (p.width + 1) * p.dim + d;
 #pragma unroll
-  for (int k = 0; k <= W; ++k) wp[k * p.dim] = v[k];
+  for (int k = 0; k < W; ++k)
+    if (tk.live(k)) wp[(k - tk.k0) * p.dim] = v[k];
+  wp[p.width * p.dim] = v[W];
 }
 
 // A row kernel's partial sums of dweight/dbias for its row tile: a shuffle tree over the row's lanes, then (rows
 // over a warp) its warps in order; every thread of the block calls it (a barrier when rows span warps).
 template <int W>
-__device__ __forceinline__ void row_part(const Conv1d& p, const Conv1dPlan& plan, float* ws, const RowSpot& q,
+__device__ __forceinline__ void row_part(const Conv1d& p, Taps tk, const Conv1dPlan& plan, float* ws, const RowSpot& q,
                                          float (&acc)[W + 1]) {
   const int rt = plan.row_threads, seg = rt < 32 ? rt : 32, tid = static_cast<int>(threadIdx.x);
 #pragma unroll
@@ -88,7 +93,7 @@ __device__ __forceinline__ void row_part(const Conv1d& p, const Conv1dPlan& plan
     for (int k = 0; k <= W; ++k) acc[k] += __shfl_xor_sync(kFullMask, acc[k], off, seg);
   }
   if (rt <= 32) {
-    if (q.live && tid % rt == 0) put_part<W>(p, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
+    if (q.live && tid % rt == 0) put_part(p, tk, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
     return;
   }
   __shared__ float red[kThreads / 32][W + 1];
@@ -101,21 +106,26 @@ __device__ __forceinline__ void row_part(const Conv1d& p, const Conv1dPlan& plan
     const int w0 = tid >> 5, nw = rt >> 5;
 #pragma unroll
     for (int k = 0; k <= W; ++k) {
+      // A fixed trip count (nw <= kThreads / 32): the compiler's unrolling of a loop to a run-time nw was ~480
+      // instructions of code for a sum of at most 4 values.
       float v = red[w0][k];
-      for (int j = 1; j < nw; ++j) v += red[w0 + j][k];
+#pragma unroll
+      for (int j = 1; j < kThreads / 32; ++j)
+        if (j < nw) v += red[w0 + j][k];
       acc[k] = v;
     }
-    put_part<W>(p, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
+    put_part(p, tk, plan, ws, q.b * plan.tiles + q.tile, q.d, acc);
   }
 }
 
 // ---------------------------------------------------------------------------------------------- rows
-// The backward's calls without per-step sequence logic (Conv1d::plain_bwd: no packed sequences, no seq_idx) take
-// bwd_plain (fwd.cuh says why); bwd_rows serves the others.
+// The backward's calls without per-step sequence logic at width kMaxW (Conv1d::plain_bwd: no packed sequences, no
+// seq_idx) take bwd_plain (fwd.cuh says why); bwd_rows serves the others, dense rows of narrower widths among them.
 
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1dPlan plan, float* ws) {
-  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
+  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), W = kMaxW, H = W - 1;
+  const Taps tk = taps_of(p.width);
   const int rt = plan.row_threads;
   const int seg = rt < 32 ? rt : 32;
   const int tid = static_cast<int>(threadIdx.x);
@@ -128,14 +138,14 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   const int64_t xs = p.x.s[2];
 
   float w[W], bias;
-  load_weights<W>(p, d, w, &bias);
+  load_weights(p, tk, d, w, &bias);
   float xw[H + I], g[I + H];  // inputs at t0 - H .. t0 + I - 1; g at t0 .. t0 + I + H - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
   load_run<T, I>(dr, t0, L, p.dout.s[2], plan.vec, g);  // dout, turned into g below
   // The first lane's W-1 inputs before the run, issued with the run's own loads (load_halo says why).
   const bool first = tid % seg == 0, last = tid % seg == seg - 1;
   float hv[H];
-  if (first) load_halo<T, H>(p, xr, t0, xs, false, b, d, hv);
+  if (first) load_halo<T, H>(p, tk, xr, t0, xs, false, b, d, hv);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
@@ -146,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
 #pragma unroll
   for (int k = 0; k <= W; ++k) acc[k] = 0.f;
   int tag[I + H];  // seq_idx or sequence of the steps of g (general calls)
-  int64_t s = 0, e = L, sb = b;  // the sequence of the run's last step (packed calls)
+  int64_t s = 0, e = L, sb = b;  // the sequence of the run's last step (packed calls; a dense call's row)
   if (p.seq_idx.p != nullptr) {
     int tw[H + I];
 #pragma unroll
@@ -157,8 +167,8 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
       float v[W], y = bias;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        v[k] = tw[i + k] == tc ? xw[i + k] : 0.f;
-        y = fmaf(w[k], v[k], y);
+        v[k] = tk.live(k) && tw[i + k] == tc ? xw[i + k] : 0.f;
+        y = tap(tk.live(k), w[k], v[k], y);
       }
       g[i] = tc < 0 ? 0.f : g[i] * dact(y, p.silu);
 #pragma unroll
@@ -167,13 +177,15 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
       tag[i] = tc;
     }
   } else {
-    sb = seq_of(p, t0);
-    s = cu_at(p, sb), e = cu_at(p, sb + 1);
+    if (p.varlen) {
+      sb = seq_of(p, t0);
+      s = cu_at(p, sb), e = cu_at(p, sb + 1);
+    }
     Start<T> st = seq_start<T>(p, sb, d);
 #pragma unroll
     for (int i = 0; i < I; ++i) {
       const int64_t t = t0 + i;
-      if (t >= e && sb + 1 < p.batch) {
+      if (p.varlen && t >= e && sb + 1 < p.batch) {
         while (t >= e && sb + 1 < p.batch) {
           ++sb;
           s = cu_at(p, sb), e = cu_at(p, sb + 1);
@@ -183,9 +195,9 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
       float v[W], y = bias;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const int64_t pos = t - H + k;
-        v[k] = pos >= s ? xw[i + k] : st.at(pos - s);
-        y = fmaf(w[k], v[k], y);
+        const int64_t pos = t - H + k;  // a live tap's pos - s is >= -(width-1): inside the state
+        v[k] = !tk.live(k) ? 0.f : (pos >= s ? xw[i + k] : st.at(pos - s));
+        y = tap(tk.live(k), w[k], v[k], y);
       }
       g[i] = (t < s || t >= e) ? 0.f : g[i] * dact(y, p.silu);
 #pragma unroll
@@ -200,9 +212,10 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   for (int m = 0; m < H; ++m) g[I + m] = __shfl_down_sync(kFullMask, g[m], 1, seg);
 #pragma unroll
   for (int m = 0; m < H; ++m) tag[I + m] = __shfl_down_sync(kFullMask, tag[m], 1, seg);
-  if (last) {
+  if (last) {  // the live taps read g up to width-2 steps past the run (m + k0 <= H - 1)
 #pragma unroll
-    for (int m = 0; m < H; ++m) g[I + m] = g_at<T, W>(p, b, d, t0 + I + m, w, bias, &tag[I + m]);
+    for (int m = 0; m < H; ++m)
+      if (tk.live(H - 1 - m)) g[I + m] = g_at<T>(p, tk, b, d, t0 + I + m, w, bias, &tag[I + m]);
   }
 
   float dx[I];
@@ -210,10 +223,10 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
   for (int i = 0; i < I; ++i) {
     float a = 0.f;
 #pragma unroll
-    for (int k = 0; k < W; ++k) a = tag[i + H - k] == tag[i] ? fmaf(w[k], g[i + H - k], a) : a;
+    for (int k = 0; k < W; ++k) a = tap(tk.live(k) && tag[i + H - k] == tag[i], w[k], g[i + H - k], a);
     dx[i] = a;
   }
-  if (p.dfin.p != nullptr) {  // packed (seq_idx excludes final states)
+  if (p.dfin.p != nullptr) {  // packed or dense (seq_idx excludes final states)
 #pragma unroll
     for (int i = 0; i < I; ++i) {
       const int64_t t = t0 + i;
@@ -229,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
     store_run<T, I>(xrow, t0, L, p.dx.s[2], plan.vec, dx);
   }
 
-  row_part<W>(p, plan, ws, q, acc);
+  row_part<W>(p, tk, plan, ws, q, acc);
 }
 
 // ---------------------------------------------------------------------------------------------- plain rows
@@ -237,9 +250,10 @@ __global__ void __launch_bounds__(kThreads) bwd_rows(const Conv1d p, const Conv1
 // needs the W-1 inputs before it (as the forward) and g of the W-1 steps past it: the next lane's same run, for the
 // last lane the first lane's next run, for the last run of the last lane computed here from memory (the segment's
 // next W-1 inputs and douts). Two passes: g of every run, then dx.
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const Conv1dPlan plan, float* ws) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, H = W - 1;
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, W = kMaxW, H = W - 1;
+  const Taps tk = all_live();  // Conv1d::plain_bwd: width kMaxW
   const PlainSpot ps = plain_spot<V, I>(p, plan);
   const int64_t b = ps.q.b, d = ps.q.d, L = p.seqlen;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
@@ -253,10 +267,10 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     draw[r] = ld_run_raw<T, V>(dr, ps.first + r * ps.stride, L, ds, plan.vec);
   }
   float w[W], bias;
-  load_weights<W>(p, d, w, &bias);
+  load_weights(p, tk, d, w, &bias);
   const bool lead = ps.ls == 0, tail = ps.ls == ps.seg - 1;
   float hv[H], xa[H], da[H];
-  if (lead) load_halo<T, H>(p, xr, ps.ws, xs, true, b, d, hv);
+  if (lead) load_halo<T, H>(p, tk, xr, ps.ws, xs, true, b, d, hv);
   const int64_t next = ps.ws + static_cast<int64_t>(ps.seg) * I;  // the segment's end
   if (tail) {
 #pragma unroll
@@ -284,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     for (int i = 0; i < V; ++i) {
       float y = bias;
 #pragma unroll
-      for (int k = 0; k < W; ++k) y = fmaf(w[k], xw[i + k], y);
+      for (int k = 0; k < W; ++k) y = tap(tk.live(k), w[k], xw[i + k], y);
       g[r][i] *= dact(y, p.silu);  // steps past L: dout read 0
 #pragma unroll
       for (int k = 0; k < W; ++k) acc[k] = fmaf(g[r][i], xw[i + k], acc[k]);
@@ -308,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     for (int m = 0; m < H; ++m) {  // the inputs of step next + m: xl's last H - m, then xa's first m + 1
       float y = bias;
 #pragma unroll
-      for (int k = 0; k < W; ++k) y = fmaf(w[k], m + k < H ? xl[m + k] : xa[m + k - H], y);
+      for (int k = 0; k < W; ++k) y = tap(tk.live(k), w[k], m + k < H ? xl[m + k] : xa[m + k - H], y);
       gm[m] = da[m] * dact(y, p.silu);  // past L: dout 0
     }
   }
@@ -326,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     for (int i = 0; i < V; ++i) {
       float a = 0.f;
 #pragma unroll
-      for (int k = 0; k < W; ++k) a = fmaf(w[k], ge[i + H - k], a);
+      for (int k = 0; k < W; ++k) a = tap(tk.live(k), w[k], ge[i + H - k], a);
       dx[i] = a;
     }
     if (p.dfin.p != nullptr && t0 + V > L - H) {
@@ -336,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_plain(const Conv1d p, const C
     }
     if (ps.q.live) store_run<T, V>(xrow, t0, L, p.dx.s[2], plan.vec, dx);
   }
-  row_part<W>(p, plan, ws, ps.q, acc);
+  row_part<W>(p, tk, plan, ws, ps.q, acc);
 }
 
 // ---------------------------------------------------------------------------------------------- channel-last
@@ -494,24 +508,25 @@ __device__ __forceinline__ void cl_bwd_walk_vec(const Conv1d& p, const ClSpot& q
   }
 }
 
-// One value of a block's sums for channel d: dweight[d, k] (k < W) or dbias[d] (k = W) in their dtype when the call
-// has one part per channel (plan.direct), else its part of the workspace ([part][W + 1][D] floats, as put_part).
-template <int W>
+// One value of a block's sums for channel d: dweight[d, k] (k < width) or dbias[d] (k = width) in their dtype when
+// the call has one part per channel (plan.direct), else its part of the workspace ([part][width + 1][D] floats, as
+// put_part).
 __device__ __forceinline__ void put_one(const Conv1d& p, const Conv1dPlan& plan, float* ws, int64_t part, int64_t d,
                                         int k, float v) {
   if (plan.direct) {
-    if (k < W) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
+    if (k < p.width) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
     else if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
     return;
   }
-  ws[(part * (W + 1) + k) * p.dim + d] = v;
+  ws[(part * (p.width + 1) + k) * p.dim + d] = v;
 }
 
 // A block: kClBwdLanes lanes of kClBwdItems channels by 8 time groups. At most 102 registers (5 blocks per SM):
 // 80-96 at every itype and width, no spills (ptxas -v, sm_90); capped at 80 (6 blocks), W = 4 spilled.
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv1dPlan plan, float* ws) {
-  constexpr int C = cuda::conv1d::kClBwdItems, H = W - 1;
+  constexpr int C = cuda::conv1d::kClBwdItems, W = kMaxW, H = W - 1;
+  const Taps tk = taps_of(p.width);
   __shared__ __align__(16) float sw[W + 1][kClCh];
   const ClSpot q = cl_spot<C>(p, plan);
   const int64_t L = p.seqlen;
@@ -529,13 +544,13 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
   float xh[H][C], gh[H][C];  // inputs and g of the H steps before the current one
   ClRaw<T, C> xc[U], dc[U];
   if (plain && q.live) {
-    cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, xh);
+    cl_halo<T, W, C>(p, all_live(), q, xr, xts, xcs, vec, xh);
     if (vec) {
       const int64_t nl = (q.te + H < L ? q.te + H : L) - q.tb;
       cl_bwd_load<T, C, U>(xr + q.tb * xts, dr + q.tb * dts, xts, dts, static_cast<int>(nl < U ? nl : U), xc, dc);
     }
   }
-  cl_stage_weights<W>(p, q, plan.row_threads * C, sw);
+  cl_stage_weights(p, tk, q, plan.row_threads * C, sw);
   __syncthreads();
   float acc[C][W + 1];
 #pragma unroll
@@ -553,21 +568,23 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
       for (int c = 0; c < C; ++c) gh[m][c] = 0.f;
 
     if (plain) {
+      // Conv1d::plain_bwd: width kMaxW, every tap live
       if (vec) cl_bwd_walk_vec<T, W, C, U>(p, q, xr, dr, xo, w, bias, xh, gh, acc, xc, dc);
       else cl_bwd_walk<T, W, C>(p, q, xr, dr, xo, w, bias, xh, gh, acc);
     } else {
-      // seq_idx or packed sequences: one step at a time; tags are seq_idx values or sequence numbers.
+      // seq_idx, packed sequences, dense rows of narrower widths: one step at a time; tags are seq_idx values or
+      // sequence numbers (a dense call's row).
       int th[H];  // tags of the H steps before the current one
-      const bool si = (p.seq_idx.p != nullptr);
-      int64_t sb = si ? q.r : seq_of(p, q.tb);
-      int64_t s = si ? 0 : cu_at(p, sb), e = si ? L : cu_at(p, sb + 1);
+      const bool si = (p.seq_idx.p != nullptr), pk = p.varlen;
+      int64_t sb = si || !pk ? q.r : seq_of(p, q.tb);
+      int64_t s = si || !pk ? 0 : cu_at(p, sb), e = si || !pk ? L : cu_at(p, sb + 1);
       Start<T> st;
       if (!si) st = seq_start<T>(p, sb, q.d0);
-      cl_history<T, W, C>(q, xr, xts, xcs, vec, Start<T>{}, xh);
+      cl_history<T, W, C>(q, tk, xr, xts, xcs, vec, Start<T>{}, xh);
 #pragma unroll
       for (int m = 0; m < H; ++m) {
         const int64_t pos = q.tb - H + m;
-        th[m] = si ? seq_tag(p, q.r, pos) : (pos >= 0 ? static_cast<int>(seq_of(p, pos)) : INT_MIN);
+        th[m] = si ? seq_tag(p, q.r, pos) : (pos >= 0 ? static_cast<int>(pk ? seq_of(p, pos) : q.r) : INT_MIN);
       }
       for (int64_t tt = q.tb; tt < tend; ++tt) {
         float xv[C], dv[C], gc[C], v[W][C];
@@ -580,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
             tc = seq_tag(p, q.r, tt);
             in = tc >= 0;
           } else {
-            if (tt >= e && sb + 1 < p.batch) {
+            if (pk && tt >= e && sb + 1 < p.batch) {
               while (tt >= e && sb + 1 < p.batch) {
                 ++sb;
                 s = cu_at(p, sb), e = cu_at(p, sb + 1);
@@ -599,10 +616,11 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
           float y = bias[c];
 #pragma unroll
           for (int k = 0; k < H; ++k) {
-            const int64_t pos = tt - H + k;
-            if (si) v[k][c] = th[k] == tc ? xh[k][c] : 0.f;
+            const int64_t pos = tt - H + k;  // a live tap's pos - s is >= -(width-1): inside the state
+            if (!tk.live(k)) v[k][c] = 0.f;
+            else if (si) v[k][c] = th[k] == tc ? xh[k][c] : 0.f;
             else v[k][c] = pos >= s ? xh[k][c] : (c < q.nc ? st.at(pos - s, c) : 0.f);
-            y = fmaf(w[k][c], v[k][c], y);
+            y = tap(tk.live(k), w[k][c], v[k][c], y);
           }
           v[H][c] = xv[c];
           y = fmaf(w[H][c], xv[c], y);
@@ -622,13 +640,13 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
           float o[C];
 #pragma unroll
           for (int c = 0; c < C; ++c) {
-            float a = tc == tg ? w[0][c] * gc[c] : 0.f;
+            float a = tk.live(0) && tc == tg ? w[0][c] * gc[c] : 0.f;
 #pragma unroll
-            for (int k = 1; k <= H; ++k) a = th[H - k] == tg ? fmaf(w[k][c], gh[H - k][c], a) : a;
+            for (int k = 1; k <= H; ++k) a = tap(tk.live(k) && th[H - k] == tg, w[k][c], gh[H - k][c], a);
             o[c] = a;
           }
           if (p.dfin.p != nullptr && !si && tg >= 0) {
-            const int64_t qs = cu_at(p, tg), qe = cu_at(p, tg + 1);
+            const int64_t qs = pk ? cu_at(p, tg) : 0, qe = pk ? cu_at(p, tg + 1) : L;
             if (tq >= qs && tq < qe && tq >= qe - H) {
 #pragma unroll
               for (int c = 0; c < C; ++c)
@@ -655,15 +673,16 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
 #pragma unroll
     for (int k = 0; k <= W; ++k) red[tid][c * (W + 1) + k] = acc[c][k];
   __syncthreads();
-  const int lanes = plan.row_threads, nch = lanes * C;
+  const int lanes = plan.row_threads, nch = lanes * C, wd = static_cast<int>(p.width);
   const int64_t part = q.r * plan.tiles + q.tile;
-  for (int o = tid; o < nch * (W + 1); o += kThreads) {
-    const int k = o / nch, j = o - k * nch, lane = j / C, c = j - lane * C;
+  for (int o = tid; o < nch * (wd + 1); o += kThreads) {
+    // k: dweight's column (or dbias at k = width); kp: its padded tap in acc
+    const int k = o / nch, j = o - k * nch, lane = j / C, c = j - lane * C, kp = k == wd ? W : k + tk.k0;
     const int64_t d = q.dblk + j;
     if (d >= p.dim) continue;
-    float v = red[lane][c * (W + 1) + k];
-    for (int g = lanes + lane; g < kThreads; g += lanes) v += red[g][c * (W + 1) + k];
-    put_one<W>(p, plan, ws, part, d, k, v);
+    float v = red[lane][c * (W + 1) + kp];
+    for (int g = lanes + lane; g < kThreads; g += lanes) v += red[g][c * (W + 1) + kp];
+    put_one(p, plan, ws, part, d, k, v);
   }
 }
 

@@ -144,12 +144,37 @@ __device__ __forceinline__ float dact(float y, bool silu) {
   return s * fmaf(y, 1.f - s, 1.f);
 }
 
+// ---------------------------------------------------------------------------------------------- width
+// Every kernel is compiled once, for the widest filter (kMaxW taps: the taps index register arrays, so they stay
+// unrolled), and serves each width wd in [2, kMaxW] with its taps right-aligned: tap k of the padded filter is the
+// call's tap k - k0, k0 = kMaxW - wd, and taps k < k0 are dead (an instance per width would triple the conv1d's
+// code for instructions that differ only in those idle taps). A dead tap's term is skipped, not multiplied by a zero
+// weight: its input (or gradient) lies outside every window of this width and may be Inf or NaN. The skip is a
+// uniform predicate on the FMA (sm_90 SASS: a predicated FFMA), which still costs a register copy where the sum
+// starts and a few registers: the plain calls' code (fwd_plain, bwd_plain, the channel-last walks; issue-bound at
+// Mamba's shapes) is compiled with every tap live (all_live(): the predicates fold away) and serves width kMaxW only
+// (Conv1d::plain_fwd / plain_bwd); narrower plain calls take the general code. Idle taps cost no bytes read or
+// written.
+constexpr int kMaxW = static_cast<int>(Conv1d::kMaxWidth);
+
+struct Taps {
+  int k0;  // the first live tap
+  __device__ __forceinline__ bool live(int k) const { return k >= kMaxW - 2 || k >= k0; }
+};
+__device__ __forceinline__ Taps taps_of(int64_t width) { return Taps{kMaxW - static_cast<int>(width)}; }
+// Width kMaxW, known at compile time.
+__device__ __forceinline__ Taps all_live() { return Taps{0}; }
+
+// acc + w * x for a live tap, else acc as it is (no 0 * x term).
+__device__ __forceinline__ float tap(bool live, float w, float x, float acc) { return live ? fmaf(w, x, acc) : acc; }
+
 // ---------------------------------------------------------------------------------------------- weights
-// weight[d, 0..W-1] and bias[d] (0 without bias) as floats; wtype is f32 or itype.
-template <int W>
-__device__ __forceinline__ void load_weights(const Conv1d& p, int64_t d, float* w, float* bias) {
+// weight[d, 0..wd-1] right-aligned in w[0..kMaxW-1] (0 at dead taps) and bias[d] (0 without bias), as floats;
+// wtype is f32 or itype.
+__device__ __forceinline__ void load_weights(const Conv1d& p, Taps tk, int64_t d, float* w, float* bias) {
 #pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
+  for (int k = 0; k < kMaxW; ++k)
+    w[k] = tk.live(k) ? ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + (k - tk.k0) * p.weight.s[1]) : 0.f;
   *bias = (p.bias.p != nullptr) ? ld_dtype(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
 }
 

@@ -13,8 +13,8 @@
 //   fwd_states  after either: final_states, and the conv_states pool's new columns (one thread per (sequence,
 //               channel)). A separate launch because a pool slot is read by the main kernel's first steps of its
 //               sequence, which another block may run: the write must wait for every read.
-// Packed sequences (cu_seqlens), seq_idx and pool calls take a uniform branch of the main kernels (`plain` is
-// false); a plain call runs none of their code.
+// Packed sequences (cu_seqlens), seq_idx, pool calls and widths below kMaxW take a uniform branch of the main kernels
+// (`plain` is false); a plain call runs none of their code.
 #pragma once
 
 #include "common.cuh"
@@ -49,27 +49,29 @@ __device__ __forceinline__ RowSpot row_spot(const Conv1d& p, const Conv1dPlan& p
   return q;
 }
 
-// The W-1 inputs before a run at t0, for the lane that cannot take them from its neighbour (the first of a warp or
-// of a row): steps before 0 are a plain call's initial state (or 0). Issued right after the run's own loads and
-// before any shuffle, so both latencies overlap: a shuffle of the loaded values waits for them, and loads issued
-// after it would cost the warp a second round trip.
+// The kMaxW-1 inputs before a run at t0, for the lane that cannot take them from its neighbour (the first of a warp
+// or of a row): steps before 0 are a plain call's initial state (or 0); a dead tap's input is 0 and not read (before
+// step 0 it would lie outside the state's width-1 columns). Issued right after the run's own loads and before any
+// shuffle, so both latencies overlap: a shuffle of the loaded values waits for them, and loads issued after it would
+// cost the warp a second round trip.
 template <typename T, int H>
-__device__ __forceinline__ void load_halo(const Conv1d& p, const T* xr, int64_t t0, int64_t xs, bool plain,
+__device__ __forceinline__ void load_halo(const Conv1d& p, Taps tk, const T* xr, int64_t t0, int64_t xs, bool plain,
                                           int64_t b, int64_t d, float* hv) {
   Start<T> s0;
   if (plain && t0 < H) s0 = seq_start<T>(p, b, d);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const int64_t pos = t0 - H + m;
-    hv[m] = pos >= 0 ? (pos < p.seqlen ? ldt(xr, pos * xs) : 0.f) : s0.at(pos);
+    hv[m] = !tk.live(m) ? 0.f : (pos >= 0 ? (pos < p.seqlen ? ldt(xr, pos * xs) : 0.f) : s0.at(pos));
   }
 }
 
 // The row kernel of every call that is not plain: packed sequences, seq_idx, pools, and a thread's 32 bytes
 // contiguous.
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1dPlan plan) {
-  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), H = W - 1;
+  constexpr int I = cuda::conv1d::kRowBytes / static_cast<int>(sizeof(T)), W = kMaxW, H = W - 1;
+  const Taps tk = taps_of(p.width);
   const int rt = plan.row_threads;
   const int seg = rt < 32 ? rt : 32;  // lanes that exchange halos by shuffle
   const int tid = static_cast<int>(threadIdx.x);
@@ -81,12 +83,12 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
   const int64_t xs = p.x.s[2];
 
   float w[W], bias;
-  load_weights<W>(p, d, w, &bias);
+  load_weights(p, tk, d, w, &bias);
   float xw[H + I];  // inputs at t0 - H .. t0 + I - 1
   load_run<T, I>(xr, t0, L, xs, plan.vec, xw + H);
   const bool first = tid % seg == 0;
   float hv[H];
-  if (first) load_halo<T, H>(p, xr, t0, xs, false, b, d, hv);
+  if (first) load_halo<T, H>(p, tk, xr, t0, xs, false, b, d, hv);
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const float v = __shfl_up_sync(kFullMask, xw[I + m], 1, seg);
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
       const int tc = tag[H + i];
       float acc = bias;
 #pragma unroll
-      for (int k = 0; k < W; ++k) acc = tag[i + k] == tc ? fmaf(w[k], xw[i + k], acc) : acc;
+      for (int k = 0; k < W; ++k) acc = tap(tk.live(k) && tag[i + k] == tc, w[k], xw[i + k], acc);
       y[i] = tc < 0 ? 0.f : act(acc, p.silu);
     }
   } else {
@@ -126,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) fwd_rows(const Conv1d p, const Conv1
       float acc = bias;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const int64_t pos = t - H + k;
-        acc = fmaf(w[k], pos >= s ? xw[i + k] : st.at(pos - s), acc);
+        const int64_t pos = t - H + k;  // a live tap's pos - s is >= -(width-1): inside the state
+        if (tk.live(k)) acc = fmaf(w[k], pos >= s ? xw[i + k] : st.at(pos - s), acc);
       }
       // Steps outside every sequence (offsets that break the contract) are written 0.
       const bool zero = t < s || t >= e || st.kind == kPad;
@@ -201,9 +203,10 @@ __device__ __forceinline__ void prev_tails(const PlainSpot& ps, const Raw<T, V> 
   }
 }
 
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv1dPlan plan) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, H = W - 1;
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), R = kPlainRuns, I = R * V, W = kMaxW, H = W - 1;
+  const Taps tk = all_live();  // Conv1d::plain_fwd: width kMaxW
   const PlainSpot ps = plain_spot<V, I>(p, plan);
   const int64_t b = ps.q.b, d = ps.q.d, L = p.seqlen;
   const T* xr = static_cast<const T*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1];
@@ -213,10 +216,10 @@ __global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv
 #pragma unroll
   for (int r = 0; r < R; ++r) raw[r] = ld_run_raw<T, V>(xr, ps.first + r * ps.stride, L, xs, plan.vec);
   float w[W], bias;
-  load_weights<W>(p, d, w, &bias);
+  load_weights(p, tk, d, w, &bias);
   const bool lead = ps.ls == 0;
   float hv[H];
-  if (lead) load_halo<T, H>(p, xr, ps.ws, xs, true, b, d, hv);
+  if (lead) load_halo<T, H>(p, tk, xr, ps.ws, xs, true, b, d, hv);
   float sh[R][H];
   prev_tails<T, V, R, H>(ps, raw, sh);
   T* orow = static_cast<T*>(p.out.p) + b * p.out.s[0] + d * p.out.s[1];
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) fwd_plain(const Conv1d p, const Conv
     for (int i = 0; i < V; ++i) {
       float acc = bias;
 #pragma unroll
-      for (int k = 0; k < W; ++k) acc = fmaf(w[k], xw[i + k], acc);
+      for (int k = 0; k < W; ++k) acc = tap(tk.live(k), w[k], xw[i + k], acc);
       y[i] = act(acc, p.silu);
     }
     if (ps.q.live) store_run<T, V>(orow, ps.first + r * ps.stride, L, p.out.s[2], plan.vec, y);
@@ -340,17 +343,22 @@ __device__ __forceinline__ ClSpot cl_spot(const Conv1d& p, const Conv1dPlan& pla
 
 // The block's weights and bias through shared memory, once per block instead of once per thread: consecutive
 // threads load consecutive elements of weight[d, k] (coalesced for a contiguous weight; each thread loading its own
-// channels' touched a sector per lane and load), sw[k][j] = weight[dblk + j, k], sw[W][j] = bias[dblk + j] (0 past
-// D or without bias). Every thread of the block calls it; the caller's barrier follows.
-template <int W>
-__device__ __forceinline__ void cl_stage_weights(const Conv1d& p, const ClSpot& q, int nch, float (*sw)[kClCh]) {
-  constexpr int kPer = (kClCh * W + kThreads - 1) / kThreads;
-  const int tid = static_cast<int>(threadIdx.x);
+// channels' touched a sector per lane and load), right-aligned as load_weights: sw[k0 + k][j] = weight[dblk + j, k],
+// sw[k][j] = 0 for the dead taps k < k0, sw[kMaxW][j] = bias[dblk + j] (0 past D or without bias). Every thread of
+// the block calls it; the caller's barrier follows.
+__device__ __forceinline__ void cl_stage_weights(const Conv1d& p, Taps tk, const ClSpot& q, int nch,
+                                                 float (*sw)[kClCh]) {
+  constexpr int kPer = (kClCh * kMaxW + kThreads - 1) / kThreads;
+  const int tid = static_cast<int>(threadIdx.x), wd = static_cast<int>(p.width);
+  // e / wd as a multiply-high by ceil(2^32 / wd), exact for e * wd < 2^32 (e < kClCh * kMaxW): one instruction
+  // instead of a division by a run-time value for each element.
+  static_assert(kMaxW == 4 && kClCh * kMaxW * kMaxW < (1 << 30), "the multiply-high quotient is exact");
+  const unsigned inv = wd == 2 ? 0x80000000u : (wd == 3 ? 0x55555556u : 0x40000000u);
   float v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = tid + i * kThreads, j = e / W, k = e - j * W;
-    v[i] = e < nch * W && q.dblk + j < p.dim
+    const int e = tid + i * kThreads, j = static_cast<int>(__umulhi(static_cast<unsigned>(e), inv)), k = e - j * wd;
+    v[i] = e < nch * wd && q.dblk + j < p.dim
                ? ld_dtype(p.wtype, p.weight.p, (q.dblk + j) * p.weight.s[0] + k * p.weight.s[1])
                : 0.f;
   }
@@ -360,10 +368,15 @@ __device__ __forceinline__ void cl_stage_weights(const Conv1d& p, const ClSpot& 
                        : 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = tid + i * kThreads, j = e / W, k = e - j * W;
-    if (e < nch * W) sw[k][j] = v[i];
+    const int e = tid + i * kThreads, j = static_cast<int>(__umulhi(static_cast<unsigned>(e), inv)), k = e - j * wd;
+    if (e < nch * wd) sw[tk.k0 + k][j] = v[i];
   }
-  if (tid < nch) sw[W][tid] = bv;
+  if (tid < nch) {
+    sw[kMaxW][tid] = bv;
+#pragma unroll
+    for (int k = 0; k < kMaxW - 2; ++k)  // the last two taps are live at every width
+      if (!tk.live(k)) sw[k][tid] = 0.f;
+  }
 }
 
 // A thread's C channels' weights and bias from the staged copy (after the barrier).
@@ -384,15 +397,19 @@ __device__ __forceinline__ void cl_read_weights(const float (*sw)[kClCh], int la
   }
 }
 
-// The H inputs before step q.tb; before step 0 from `s0` (an empty Start: 0).
+// The H inputs before step q.tb; before step 0 from `s0` (an empty Start: 0); a dead tap's input 0, not read (as
+// load_halo).
 template <typename T, int W, int C>
-__device__ __forceinline__ void cl_history(const ClSpot& q, const T* xr, int64_t xts, int64_t xcs, bool vec,
+__device__ __forceinline__ void cl_history(const ClSpot& q, Taps tk, const T* xr, int64_t xts, int64_t xcs, bool vec,
                                            const Start<T>& s0, float (&h)[W - 1][C]) {
   constexpr int H = W - 1;
 #pragma unroll
   for (int m = 0; m < H; ++m) {
     const int64_t pos = q.tb - H + m;
-    if (pos >= 0) {
+    if (!tk.live(m)) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) h[m][c] = 0.f;
+    } else if (pos >= 0) {
       ld_step<T, C>(xr, pos, xts, xcs, q.nc, vec, h[m]);
     } else {
 #pragma unroll
@@ -403,11 +420,11 @@ __device__ __forceinline__ void cl_history(const ClSpot& q, const T* xr, int64_t
 
 // A plain call's H inputs before step q.tb (initial_states, or 0, before step 0).
 template <typename T, int W, int C>
-__device__ __forceinline__ void cl_halo(const Conv1d& p, const ClSpot& q, const T* xr, int64_t xts, int64_t xcs,
-                                        bool vec, float (&h)[W - 1][C]) {
+__device__ __forceinline__ void cl_halo(const Conv1d& p, Taps tk, const ClSpot& q, const T* xr, int64_t xts,
+                                        int64_t xcs, bool vec, float (&h)[W - 1][C]) {
   Start<T> s0;
   if (q.tb < W - 1) s0 = seq_start<T>(p, q.r, q.d0);
-  cl_history<T, W, C>(q, xr, xts, xcs, vec, s0, h);
+  cl_history<T, W, C>(q, tk, xr, xts, xcs, vec, s0, h);
 }
 
 // A plain call's element-IO walk over steps [q.tb, q.te), one step at a time (any strides).
@@ -490,9 +507,10 @@ constexpr int cl_fwd_unroll() {
 
 // A block: kClLanes lanes of kItems channels by 4 time groups. At most 80 registers (6 blocks per SM): 72-80, W = 4
 // with a few bytes of spills (ptxas -v, sm_90: 8-24 bytes, two reloads a 4-step group).
-template <typename T, int W>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv1dPlan plan) {
-  constexpr int C = cuda::conv1d::kItems, H = W - 1, U = cl_fwd_unroll<T>();
+  constexpr int C = cuda::conv1d::kItems, W = kMaxW, H = W - 1, U = cl_fwd_unroll<T>();
+  const Taps tk = taps_of(p.width);
   __shared__ __align__(16) float sw[W + 1][kClCh];
   const ClSpot q = cl_spot<C>(p, plan);
   const T* xr = static_cast<const T*>(p.x.p) + q.r * p.x.s[0] + q.d0 * p.x.s[1];
@@ -506,20 +524,21 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
   float h[H][C];  // inputs at the H steps before the current one
   ClRaw<T, C> cur[U];
   if (plain && q.live) {
-    cl_halo<T, W, C>(p, q, xr, xts, xcs, vec, h);
+    cl_halo<T, W, C>(p, all_live(), q, xr, xts, xcs, vec, h);
     if (vec) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (q.tb + u < q.te) cur[u] = cl_ldraw<T, C>(xr + (q.tb + u) * xts);
     }
   }
-  cl_stage_weights<W>(p, q, plan.row_threads * C, sw);
+  cl_stage_weights(p, tk, q, plan.row_threads * C, sw);
   __syncthreads();
   if (!q.live) return;  // no barrier below
   float w[W][C], bias[C];
   cl_read_weights<W, C>(sw, q.lane, w, bias);
 
   if (plain) {
+    // Conv1d::plain_fwd: width kMaxW, every tap live
     if (vec) cl_fwd_walk_vec<T, W, C, U>(p, q, xr, orow, xts, ots, w, bias, h, cur);
     else cl_fwd_walk<T, W, C>(p, q, xr, orow, xts, xcs, ots, ocs, w, bias, h);
     return;
@@ -527,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
 
   // seq_idx, packed sequences, pools: one step at a time, each term checked against the step's sequence (terms
   // before step 0 are never used: their tags match no step, or they precede the sequence's start).
-  cl_history<T, W, C>(q, xr, xts, xcs, vec, Start<T>{}, h);
+  cl_history<T, W, C>(q, tk, xr, xts, xcs, vec, Start<T>{}, h);
   int th[H];  // seq_idx of the H previous steps
 #pragma unroll
   for (int m = 0; m < H; ++m) th[m] = (p.seq_idx.p != nullptr) ? seq_tag(p, q.r, q.tb - H + m) : 0;
@@ -544,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
       for (int c = 0; c < C; ++c) {
         float acc = fmaf(w[H][c], v[c], bias[c]);
 #pragma unroll
-        for (int k = 0; k < H; ++k) acc = th[k] == tc ? fmaf(w[k][c], h[k][c], acc) : acc;
+        for (int k = 0; k < H; ++k) acc = tap(tk.live(k) && th[k] == tc, w[k][c], h[k][c], acc);
         o[c] = tc < 0 ? 0.f : act(acc, p.silu);
       }
 #pragma unroll
@@ -564,8 +583,8 @@ __global__ void __launch_bounds__(kThreads, 6) fwd_cl(const Conv1d p, const Conv
         float acc = fmaf(w[H][c], v[c], bias[c]);
 #pragma unroll
         for (int k = 0; k < H; ++k) {
-          const int64_t pos = t - H + k;
-          acc = fmaf(w[k][c], pos >= s ? h[k][c] : (c < q.nc ? st.at(pos - s, c) : 0.f), acc);
+          const int64_t pos = t - H + k;  // a live tap's pos - s is >= -(width-1): inside the state
+          if (tk.live(k)) acc = fmaf(w[k][c], pos >= s ? h[k][c] : (c < q.nc ? st.at(pos - s, c) : 0.f), acc);
         }
         o[c] = zero ? 0.f : (st.kind == kBad ? __uint_as_float(kQuietNan) : act(acc, p.silu));
       }

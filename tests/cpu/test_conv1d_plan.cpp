@@ -124,6 +124,14 @@ TEST(Conv1dPlan, VectorIoOnlyWhenAligned) {
   p.conv_states.p = g_buf;  // a pool: the forward's general kernel, the backward's plain one
   EXPECT_EQ(fwd(p).items, 16);
   EXPECT_EQ(bwd(p).items, 32);
+  // The lean kernels serve the widest width only; narrower dense calls take the general kernel's 32-byte runs.
+  for (int64_t w = 2; w <= 3; ++w) {
+    p = dense(2, 24, 96, Layout::channel_first, Dtype::bf16, w);
+    EXPECT_FALSE(p.plain_fwd());
+    EXPECT_FALSE(p.plain_bwd());
+    EXPECT_EQ(fwd(p).items, 16);
+    EXPECT_EQ(bwd(p).items, 16);
+  }
 }
 
 TEST(Conv1dPlan, ChannelLastKernel) {
