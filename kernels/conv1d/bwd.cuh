@@ -7,7 +7,8 @@
 //                       (shuffle; rows) or computed by the walk itself, which runs W-1 steps past its chunk (cl).
 //                       Each block leaves one partial of dweight/dbias per channel in the workspace ([part][W+1][D]
 //                       floats), summed within the block in a fixed order (shuffle trees, then shared memory).
-//   bwd_finalize        sums the partials of each channel in a fixed order and writes dweight/dbias in their dtype:
+//   bwd_finalize        (launch.cu) sums the partials of each channel in a fixed order and writes dweight/dbias in
+//                       their dtype:
 //                       every call is bitwise reproducible, so `deterministic` costs nothing (no atomics, no memset).
 //                       A call of one part per channel (one row, one time tile) skips it: the main kernel writes
 //                       dweight/dbias (plan.direct).
@@ -687,38 +688,8 @@ __global__ void __launch_bounds__(kThreads, 5) bwd_cl(const Conv1d p, const Conv
 }
 
 // ---------------------------------------------------------------------------------------------- finalize
-// 32 channels a block: warp j sums parts j, j + 8, ... in order, then warp 0 adds the 8 sums in order and writes
-// dweight (and dbias) in their dtype. Parts 0 (an empty call) write zeros.
-// Templated on the itype only so each itype's translation unit has its own instance (it reads no itype tensor).
-constexpr int kFinalizeThreads = 256;
-template <typename T>
-__global__ void __launch_bounds__(kFinalizeThreads) bwd_finalize(const Conv1d p, int64_t parts, const float* ws) {
-  constexpr int kWarps = kFinalizeThreads / 32, kMaxW1 = 5;
-  const int lane = static_cast<int>(threadIdx.x) & 31, wi = static_cast<int>(threadIdx.x) >> 5;
-  const int W1 = static_cast<int>(p.width) + 1;
-  const int64_t d = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  float acc[kMaxW1] = {0.f, 0.f, 0.f, 0.f, 0.f};
-  if (d < p.dim) {
-    for (int64_t j = wi; j < parts; j += kWarps) {
-      const float* src = ws + j * W1 * p.dim + d;
-#pragma unroll
-      for (int k = 0; k < kMaxW1; ++k)
-        if (k < W1) acc[k] += src[k * p.dim];
-    }
-  }
-  __shared__ float red[kWarps][kMaxW1][32];
-#pragma unroll
-  for (int k = 0; k < kMaxW1; ++k) red[wi][k][lane] = acc[k];
-  __syncthreads();
-  if (wi != 0 || d >= p.dim) return;
-  for (int k = 0; k < W1; ++k) {
-    float v = red[0][k][lane];
-#pragma unroll
-    for (int j = 1; j < kWarps; ++j) v += red[j][k][lane];
-    if (k < W1 - 1) st_dtype(p.dwtype, p.dweight.p, d * p.dweight.s[0] + k * p.dweight.s[1], v);
-    else if (p.dbias.p != nullptr) st_dtype(p.dwtype, p.dbias.p, d * p.dbias.s[0], v);
-  }
-}
+// bwd_finalize reads no itype tensor: its one instance is in launch.cu (finalize_dweight).
+Status finalize_dweight(const Conv1d& p, int64_t parts, const float* ws, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------- dinitial
 template <typename T>

@@ -61,10 +61,8 @@ Status launch_bwd(const Conv1d& p, const Conv1dPlan& plan, const cuda::Launch& l
     if (Status st = launch_status("conv1d backward"); st != SELSCAN_STATUS_SUCCESS) return st;
   }
   if (!plan.direct) {  // an empty call (no main kernel) writes zeros here
-    const int64_t fblocks = (p.dim + 31) / 32;
-    bwd_finalize<T><<<static_cast<unsigned>(fblocks), kFinalizeThreads, 0, s>>>(p, plan.blocks > 0 ? plan.parts : 0,
-                                                                              ws);
-    if (Status st = launch_status("conv1d backward (dweight)"); st != SELSCAN_STATUS_SUCCESS) return st;
+    if (Status st = finalize_dweight(p, plan.blocks > 0 ? plan.parts : 0, ws, s); st != SELSCAN_STATUS_SUCCESS)
+      return st;
   }
   if (plan.states && p.batch * p.dim > 0) {
     bwd_dinit<T><<<stride_grid(p.batch * p.dim), kThreads, 0, s>>>(p);

@@ -14,13 +14,13 @@
 namespace selscan::kern::conv1d {
 
 // The state's dtype S (f32 or itype) is an instance parameter (run-time dtype IO made every state access a
-// three-way branch). The width is not (common.cuh, "width"), and costs no instruction: a dead tap has weight +0 and
-// window slot -0 (never read from the state, which may have only width-1 columns), and +0 * -0 = -0 leaves any sum
-// exactly as it is (-0 and NaN included), so the taps need no predicate; the window's shift, register moves in the
-// rolled token loop, becomes selects that keep the dead slots at -0. The loops stay rolled: unrolled register
-// copies of up to 8 columns and tokens, with every load issued before the first store, measured slower on the H200
-// (runs 43-45: Bt 256 25.8 -> 30.0 -> 34.4 us): the kernel is bound by instruction issue, not by its few round
-// trips.
+// three-way branch). The width is not (common.cuh, "width"): a dead tap's FMA is predicated off, and its weight and
+// window slot are read from columns that exist (weight column 0; state column 0 where the state has fewer than
+// kMaxW - 1 columns) and never used, so the loads stay unconditional and the window's shift stays register moves
+// (which the unrolled token loop renames away). Per token that costs at most the copy of the bias the predicated
+// first tap needs. The loops stay rolled: unrolled register copies of up to 8 columns and tokens, with every load
+// issued before the first store, measured slower on the H200 (runs 43-45: Bt 256 25.8 -> 30.0 -> 34.4 us): the
+// kernel is bound by instruction issue, not by its few round trips.
 template <typename T, typename S>
 __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, const Conv1dPlan plan) {
   constexpr int W = kMaxW, H = W - 1;
@@ -44,15 +44,10 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
     }
   }
   float w[W], bias = p.bias.p != nullptr ? ld_dtype(p.wtype, p.bias.p, d * p.bias.s[0]) : 0.f;
-  // Width kMaxW (Mamba's) loads its taps as they are; a narrower width right-aligns them behind a uniform branch, so
-  // the offsets and selects stay off the full width's path.
-  if (tk.k0 == 0) {
 #pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + k * p.weight.s[1]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < W; ++k)
-      w[k] = tk.live(k) ? ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + (k - tk.k0) * p.weight.s[1]) : 0.f;
+  for (int k = 0; k < W; ++k) {  // a dead tap reads column 0, unused
+    const int64_t col = tk.live(k) ? k - tk.k0 : 0;
+    w[k] = ld_dtype(p.wtype, p.weight.p, d * p.weight.s[0] + col * p.weight.s[1]);
   }
 
   S* cs = static_cast<S*>(p.conv_state.p) + slot * p.conv_state.s[0] + d * p.conv_state.s[1];
@@ -60,27 +55,26 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
   const auto ld_state = [&](int64_t j) { return to_f32(cs[j * sj]); };
   const auto st_state = [&](int64_t j, float v) { cs[j * sj] = from_f32<S>(v); };
 
-  float win[W];  // the H inputs before the current token (-0 at dead taps), then the token
+  float win[W];  // the H inputs before the current token (unused at dead taps), then the token
   const auto token = [&](int64_t i, float xv) {
     win[H] = xv;
     float acc = bias;
 #pragma unroll
-    for (int k = 0; k < W; ++k) acc = fmaf(w[k], win[k], acc);
+    for (int k = 0; k < W; ++k) acc = tap(tk.live(k), w[k], win[k], acc);
     orow[i * os] = from_f32<T>(act(acc, p.silu));
 #pragma unroll
-    for (int k = 0; k < H; ++k) win[k] = tk.live(k) ? win[k + 1] : -0.f;
+    for (int k = 0; k < H; ++k) win[k] = win[k + 1];
   };
   if (p.cache_seqlens.p != nullptr) {
     // Circular: the tokens go to columns (c + i) mod SL, the width-1 before them are the window (the dead slots'
-    // columns, mod SL, are read and dropped).
+    // columns, mod SL, are read and unused).
     int64_t c = ld_index(p.cache_seqlens.p, p.seqlens_i64, b * p.cache_seqlens.s[0]) % SL;
     if (c < 0) c += SL;  // a negative length breaks the contract; stay inside the slot
     int64_t col = c - H;
     while (col < 0) col += SL;
 #pragma unroll
     for (int m = 0; m < H; ++m) {
-      const float v = ld_state(col);
-      win[m] = tk.live(m) ? v : -0.f;
+      win[m] = ld_state(col);
       col = col + 1 == SL ? 0 : col + 1;
     }
     for (int64_t i = 0; i < NT; ++i) {
@@ -94,9 +88,9 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const Conv1dUpdate p, 
   // Shift: the window is the last width-1 columns; the state moves left by T (ascending: column j reads j + T > j,
   // not yet written) and the tokens fill its last columns.
 #pragma unroll
-  for (int m = 0; m < H; ++m) {  // a dead slot reads a column it drops (column 0 where SL < kMaxW - 1)
-    const float v = ld_state(SL - H + m >= 0 ? SL - H + m : 0);
-    win[m] = tk.live(m) ? v : -0.f;
+  for (int m = 0; m < H; ++m) {  // a dead slot reads a column it does not use (column 0 where SL < kMaxW - 1)
+    const int64_t j = SL - H + m;
+    win[m] = ld_state(j >= 0 ? j : 0);
   }
   for (int64_t j = 0; j + NT < SL; ++j) st_state(j, ld_state(j + NT));
   for (int64_t i = 0; i < NT; ++i) {
