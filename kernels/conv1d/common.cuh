@@ -153,12 +153,14 @@ __device__ __forceinline__ float dact(float y, bool silu) {
 // uniform predicate on the FMA (sm_90 SASS: a predicated FFMA), which still costs a register copy where the sum
 // starts and a few registers: the plain calls' code (fwd_plain, bwd_plain, the channel-last walks; issue-bound at
 // Mamba's shapes) is compiled with every tap live (all_live(): the predicates fold away) and serves width kMaxW only
-// (Conv1d::plain_fwd / plain_bwd); narrower plain calls take the general code. Idle taps cost no bytes read or
-// written.
+// (Conv1d::plain_fwd / plain_bwd); narrower plain calls take the general code. Idle taps add few bytes: the
+// channel-last backward walks kMaxW-1 steps past its chunk at every width, the update reads a dead tap's weight and
+// window column (cached lines it reads anyway).
 constexpr int kMaxW = static_cast<int>(Conv1d::kMaxWidth);
 
 struct Taps {
   int k0;  // the first live tap
+  // The last two taps are live at every width (>= 2): compile-time true for them.
   __device__ __forceinline__ bool live(int k) const { return k >= kMaxW - 2 || k >= k0; }
 };
 __device__ __forceinline__ Taps taps_of(int64_t width) { return Taps{kMaxW - static_cast<int>(width)}; }
