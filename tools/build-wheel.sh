@@ -54,6 +54,9 @@ else
 fi
 # The full list unless the caller chose one on purpose; a stray TORCH_CUDA_ARCH_LIST must not narrow it.
 unset TORCH_CUDA_ARCH_LIST
+# No source-line tables in the release kernels (a third of the library for sm_90, docs/building.md); profiling
+# builds from source keep them (SELSCAN_CUDA_LINEINFO, ON by default).
+export CMAKE_ARGS="-DSELSCAN_CUDA_LINEINFO=OFF ${CMAKE_ARGS:-}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)}
 
 t0=$SECONDS
