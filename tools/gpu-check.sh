@@ -2,7 +2,8 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 #        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
-# Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc),
+# Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc), CMAKE_ARGS (more options
+#      for the build step's configure, e.g. -DSELSCAN_TORCH_OPS=ON),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
 #      DDP_GPUS (ranks for the ddp step, default 2, or 1 when only one GPU is visible).
 #      UPSTREAM_SRC: a checkout of state-spaces/mamba (inside the tree when the tree is copied to the GPU machine,
@@ -61,8 +62,9 @@ note() { summary+=("$1"); echo "== $1"; }
 
 if want build; then
   t0=$(date +%s)
+  # shellcheck disable=SC2086  # CMAKE_ARGS is a list of options
   if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
-      -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_GOLDEN_DIR="$GOLDEN" -DSELSCAN_BUILD_TESTS=ON \
+      -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_GOLDEN_DIR="$GOLDEN" -DSELSCAN_BUILD_TESTS=ON ${CMAKE_ARGS:-} \
       >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j"$JOBS" >"$OUT/build.log" 2>&1; then
     note "build OK ($(( $(date +%s) - t0 )) s, arch $ARCH)"
   else
