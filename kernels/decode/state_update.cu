@@ -259,9 +259,15 @@ __device__ __forceinline__ int64_t slot_at(const void* idx, bool i64, int64_t st
 // exp a state. Separate instances because the per-state A costs 4-6 registers (ptxas), and registers are what
 // limits the resident threads. Destinations are a uniform branch: they cost no register.
 // Resident blocks of 128 asked of ptxas: 12 for 16-bit state (40 registers; left to itself it takes 46-48); 10 for
-// fp32 (48), whose state holds 8 registers more between its load and its use.
+// fp32 (48), whose state holds 8 registers more between its load and its use. Capped at what an SM holds: sm_75
+// keeps 1024 threads (8 blocks), where a larger ask is out of range and ignored with a warning.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kSmBlocks = 1024 / kThreads;
+#else
+constexpr int kSmBlocks = 1536 / kThreads;  // sm_86, sm_89, sm_120 (sm_80, sm_90, sm_100: 2048)
+#endif
 template <typename S>
-constexpr int kLeanMinBlocks = sizeof(S) == 4 ? 10 : 12;
+constexpr int kLeanMinBlocks = (sizeof(S) == 4 ? 10 : 12) < kSmBlocks ? (sizeof(S) == 4 ? 10 : 12) : kSmBlocks;
 // 16-byte accesses a lane's state takes: 1 (16-bit), 2 (fp32).
 template <typename S>
 constexpr int kStateVecs = static_cast<int>(sizeof(S)) * kLeanStates / 16;
