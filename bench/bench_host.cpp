@@ -10,7 +10,8 @@
 // depth of the launch queue (a full queue makes the enqueuing thread wait). Counters: `us`, the median per-call
 // microseconds over the iterations (`us_min` the fastest), and `retries`, the discarded batches.
 // host_floor/<op> times one bare enqueued operation the same way (an empty kernel through the runtime and through the
-// driver, one with an argument as large as the scan kernels', a small memset: bench/host_floor.cu), so a call's time splits into the runtime's launches and
+// driver, one with an argument as large as the scan kernels', one with 100 KB of dynamic shared memory, a 4 KB and a
+// 2 MB memset: bench/host_floor.cu), so a call's time splits into the runtime's launches and
 // the library's own work.
 //
 // The section registers itself when the library sees a CUDA device (SELSCAN_BENCH_DEVICE picks it, default 0);
@@ -231,7 +232,8 @@ bool register_host_benchmarks() {
     return false;
   }
   for (const FloorOp op :
-       {FloorOp::empty_launch, FloorOp::driver_launch, FloorOp::large_args_launch, FloorOp::memset}) {
+       {FloorOp::empty_launch, FloorOp::driver_launch, FloorOp::large_args_launch, FloorOp::smem_launch,
+        FloorOp::memset, FloorOp::large_memset}) {
     const CaseSpec s = selscan_support::bench_shapes("host").front().spec;
     benchmark::RegisterBenchmark((std::string("host_floor/") + floor_op_name(op)).c_str(),
                                  [s, op](benchmark::State& state) {

@@ -19,6 +19,20 @@ __global__ void large_args_kernel(LargeArgs a) {
   if (a.bytes[threadIdx.x] == 0xff && threadIdx.x > 1024) a.bytes[0] = 0;  // reads the argument; never true
 }
 
+// An empty kernel launched with the backward's kind of dynamic shared memory (past the 48 KB default, opted in once).
+constexpr int kSmemBytes = 100 * 1024;
+__global__ void smem_kernel() {
+  extern __shared__ unsigned char smem[];
+  if (threadIdx.x > 1024) smem[0] = 0;  // never true
+}
+cudaError_t smem_launch(cudaStream_t stream) {
+  static const cudaError_t opted =
+      cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (opted != cudaSuccess) return opted;
+  smem_kernel<<<1, 32, kSmemBytes, stream>>>();
+  return cudaGetLastError();
+}
+
 // The same empty kernel launched through the driver's cuLaunchKernel (looked up through the runtime, so nothing links
 // libcuda): what a launch would cost the library without the runtime's own layer.
 using DriverLaunch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -59,6 +73,10 @@ cudaError_t floor_op(FloorOp op, cudaStream_t stream, void* scratch) {
       return cudaMemsetAsync(scratch, 0, 4096, stream);
     case FloorOp::driver_launch:
       return driver_launch(stream);
+    case FloorOp::smem_launch:
+      return smem_launch(stream);
+    case FloorOp::large_memset:
+      return cudaMemsetAsync(scratch, 0, kFloorLargeMemsetBytes, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -69,6 +87,8 @@ const char* floor_op_name(FloorOp op) {
     case FloorOp::large_args_launch: return "problem_args_launch";
     case FloorOp::memset: return "memset4k";
     case FloorOp::driver_launch: return "driver_empty_launch";
+    case FloorOp::smem_launch: return "smem100k_launch";
+    case FloorOp::large_memset: return "memset2m";
   }
   return "?";
 }
