@@ -199,12 +199,17 @@ void run(benchmark::State& state, HostFixture& fx, Measure measure) {
   state.counters["calls"] = kCalls;
 }
 
-void run_calls(benchmark::State& state, CaseSpec s, bool bwd) {
-  HostFixture fx(s, bwd);
+// Timed batches of the fixture's calls (library calls or bare operations), with the discarded batches counted.
+void time_batches(benchmark::State& state, HostFixture& fx, const std::string& label) {
   int retries = 0;
   run(state, fx, [&] { return fx.timed_batch(&retries); });
   state.counters["retries"] = retries;
-  state.SetLabel(benchmark_label(s) + "; GPU kept busy");
+  state.SetLabel(label);
+}
+
+void run_calls(benchmark::State& state, CaseSpec s, bool bwd) {
+  HostFixture fx(s, bwd);
+  time_batches(state, fx, benchmark_label(s) + "; GPU kept busy");
 }
 
 // The workspace-size query: validation and kernel choice, no launch.
@@ -238,10 +243,7 @@ bool register_host_benchmarks() {
     benchmark::RegisterBenchmark((std::string("host_floor/") + floor_op_name(op)).c_str(),
                                  [s, op](benchmark::State& state) {
                                    HostFixture fx(s, op);
-                                   int retries = 0;
-                                   run(state, fx, [&] { return fx.timed_batch(&retries); });
-                                   state.counters["retries"] = retries;
-                                   state.SetLabel("one bare operation; GPU kept busy");
+                                   time_batches(state, fx, "one bare operation; GPU kept busy");
                                  })
         ->UseManualTime()
         ->Iterations(kBatches)
