@@ -267,7 +267,9 @@ constexpr int kSmBlocks = 1024 / kThreads;
 constexpr int kSmBlocks = 1536 / kThreads;  // sm_86, sm_89, sm_120 (sm_80, sm_90, sm_100: 2048)
 #endif
 template <typename S>
-constexpr int kLeanMinBlocks = (sizeof(S) == 4 ? 10 : 12) < kSmBlocks ? (sizeof(S) == 4 ? 10 : 12) : kSmBlocks;
+constexpr int kLeanAsk = sizeof(S) == 4 ? 10 : 12;
+template <typename S>
+constexpr int kLeanMinBlocks = kLeanAsk<S> < kSmBlocks ? kLeanAsk<S> : kSmBlocks;
 // 16-byte accesses a lane's state takes: 1 (16-bit), 2 (fp32).
 template <typename S>
 constexpr int kStateVecs = static_cast<int>(sizeof(S)) * kLeanStates / 16;
