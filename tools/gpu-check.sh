@@ -263,18 +263,18 @@ fi
 # `BINARY ARGS --ncu-csv <that csv> --json $OUT/NAME.json`, into $OUT/NAME.txt (without instruction counts when
 # there is no ncu or its profile failed).
 profiled_table() {
-  local name=$1 bin=$2 filter=$3 metrics=$4 fallback=$5 ncu_bin rc csv="$OUT/$1-ncu.csv" ncu_arg=()
+  local name=$1 bin=$2 filter=$3 metrics=$4 fallback=$5 ncu_bin m rc csv="$OUT/$1-ncu.csv" ncu_arg=()
   shift 5
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -n "$ncu_bin" ]; then
-    "$ncu_bin" --csv --print-units base --clock-control none --metrics "$metrics" -k "$filter" \
-      --log-file "$csv" "$bin" --profile "$@" >"$OUT/$name-ncu.log" 2>&1
-    rc=$?
-    if [ -n "$fallback" ] && { [ $rc -ne 0 ] || ! grep -q '"Metric Name"' "$csv" 2>/dev/null; }; then
-      "$ncu_bin" --csv --print-units base --clock-control none --metrics "$fallback" -k "$filter" \
+    : >"$OUT/$name-ncu.log"
+    for m in "$metrics" "$fallback"; do
+      [ -n "$m" ] || continue
+      "$ncu_bin" --csv --print-units base --clock-control none --metrics "$m" -k "$filter" \
         --log-file "$csv" "$bin" --profile "$@" >>"$OUT/$name-ncu.log" 2>&1
       rc=$?
-    fi
+      [ $rc -eq 0 ] && grep -q '"Metric Name"' "$csv" 2>/dev/null && break
+    done
     note "$name: ncu profile rc=$rc ($name-ncu.csv, $name-ncu.log)"
     grep -q '"Metric Name"' "$csv" 2>/dev/null && ncu_arg=(--ncu-csv "$csv")
   else
