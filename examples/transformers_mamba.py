@@ -149,10 +149,17 @@ def prefill_tokens_per_s(model, ids, iters, device):
     return ids.numel() * iters / (time.perf_counter() - t0)
 
 
+def _bench_dir():
+    """The repository's bench/ folder, put on sys.path (its scripts are imported as modules)."""
+    here = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench"
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    return here
+
+
 def bench_model(extra):
     """--bench: bench/transformers_model.py with the options that follow --bench."""
-    here = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench"
-    sys.path.insert(0, str(here))
+    here = _bench_dir()
     import transformers_model
 
     sys.argv = [str(here / "transformers_model.py"), *extra]
@@ -161,7 +168,7 @@ def bench_model(extra):
 
 def bench_scan(args, device):
     """The mamba-130m shape (24 layers, hidden 768, state 16, vocab 50280), bf16, random weights."""
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
+    _bench_dir()
     from upstream_scan import upstream_fn
 
     torch.manual_seed(args.seed)
