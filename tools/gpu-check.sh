@@ -12,9 +12,10 @@
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 #      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
 #      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
-#      six minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
+#      seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
 #      test (*GpuStateUpdate*: the 232-entry Matrix/ too), without LongSequencesConditionReport (float64 work on the
-#      host). synccheck (50 s): the same but the decode matrix (the named decode tests use the same barriers).
+#      host). synccheck (120 s): the same but the decode matrix and the general kernel's two large decode shapes
+#      (the smaller named decode tests take the same barriers). SANITIZERS picks tools (default all four).
 #      racecheck, the slowest tool (60 s): one test per kernel (serving forward and backward, block-state forward,
 #      the decode step in place and with destinations, one and several tokens). A tool that reaches its cap reports
 #      rc=124 with the tests it finished: raise the caps with SANITIZE_TIMEOUT (seconds, every tool).
@@ -103,12 +104,16 @@ if want sanitize; then
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ] && [ "${SANITIZE_SET:-}" = serving ]; then
     all='GpuVarlen*:GpuBlockStates*:*GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    # synccheck: the named tests without the two large shapes of the general kernel (45 s of the cap under this
+    # tool; the smaller named tests take the same barriers), the lean kernel's pool shape kept
     named='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    named+=':GpuStateUpdateShapes.Mamba2HeadsShape:GpuStateUpdateDst.Mamba2HeadsShapeAtWidth'
     one_each='GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.BadEntriesGiveNaNAndTouchNoSlot'
     one_each+=':GpuStateUpdateDst.MatchesTheCpuPath:GpuStateUpdateShapes.Mamba2HeadsShape'
     one_each+=':*GpuStateUpdate.MatchesTheOracle/mamba1_xfp32_statefp32'
-    for spec in memcheck:150 initcheck:100 synccheck:50 racecheck:60; do
+    for spec in memcheck:150 initcheck:100 synccheck:120 racecheck:60; do
       tool=${spec%%:*}
+      [[ " ${SANITIZERS:-memcheck initcheck synccheck racecheck} " == *" $tool "* ]] || continue
       case $tool in
         synccheck) f=$named ;;
         racecheck) f=$one_each ;;
