@@ -107,9 +107,6 @@ __device__ __forceinline__ void store_block_state(const Problem& p, const Seq& s
 // The block-mode instances of the forward (kernels/fwd/warp.cuh): none, the one for sequences whose block ends fall
 // on the last of every K steps, the one for the others.
 enum BlockMode : int { kNoBlocks = 0, kBlocksAligned = 1, kBlocksUnaligned = 2 };
-// Whether sequence s's block ends all fall on the last of a run of K steps from its start: K divides the block
-// size and its context. Every block-mode instance evaluates it alike, so exactly one serves the sequence.
-__device__ __forceinline__ bool blocks_aligned_seq(const Seq& s, int64_t K) { return s.block % K == 0 && s.ctx % K == 0; }
 
 // kBlocks: the kernel variant that runs block mode (the forward's); the others carry none of its code.
 template <bool kC, bool kBlocks>

@@ -54,10 +54,13 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     constexpr int K = cuda::fwd_warp::kItemsReal;
     if (p.serving && p.block_size > 0) {
       // Block mode: the aligned instance serves the sequences whose block ends fall on lanes' last steps, the
-      // unaligned one the rest (with a block size K does not divide, every sequence).
-      if (p.block_size % K == 0)
-        if (const Status s = launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l); s != SELSCAN_STATUS_SUCCESS)
-          return s;
+      // unaligned one the rest (with a block size K does not divide, every sequence; without context_lens, where
+      // every sequence starts at 0, none: its launch would be a grid of blocks that return at once).
+      if (p.block_size % K != 0)
+        return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
+      if (const Status s = launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l); s != SELSCAN_STATUS_SUCCESS)
+        return s;
+      if (p.context_lens.p == nullptr) return SELSCAN_STATUS_SUCCESS;
       return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
     }
     if (p.serving) return launch_warp<T, false, K, true>(p, plan.warp, l);

@@ -68,6 +68,17 @@ __device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b,
   }
 }
 
+// Which block-mode instance serves sequence b: the aligned one where K divides the block size and the sequence's
+// context (its block ends all fall on the last of a lane's K steps). Decided from the context length alone, so the
+// other instance's blocks return after one load instead of after the sequence's offsets and every table entry it
+// names (three dependent rounds). Both instances evaluate it alike, so exactly one serves each sequence;
+// seq_blocks (kernels/common/serving.cuh) reads the same entry, and launch.cuh skips the unaligned instance where
+// no sequence can need it.
+__device__ __forceinline__ bool blocks_aligned_ctx(const Problem& p, int64_t b, int K) {
+  const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
+  return p.block_size % K == 0 && c % K == 0;
+}
+
 // Reads a lane's K staged steps of one state row: real -> K floats, complex -> K float2.
 template <bool kComplex, int K>
 __device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int lane,
@@ -106,7 +117,8 @@ static_assert(kSlots == cuda::fwd_warp::kSlots, "the host sizes the slots (src/c
 // block ends fall on lanes' last steps (K divides the block size and the context: a fresh prefill, a prefix-cache
 // hit, chunks of whole blocks) with no per-step work, the other every other sequence, with a store test per step
 // (which costs that instance registers and spills: ptxas -v, validation/optimisation-log.md). A call in block mode
-// launches both; each returns at once from the other's sequences.
+// launches both (the aligned one alone where no sequence has a context); each returns at once from the other's
+// sequences.
 template <typename T, bool kComplex, int K, int kMinBlocks, bool kServing, int kBlocks>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel(const Problem p,
                                                                                   int64_t tiles_per_group) {
@@ -135,10 +147,10 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
   // The sequence: a serving call's packed offsets, slot and flags; in a dense call batch row b over [0, seqlen)
   // (the expressions below then fold to the dense kernel's).
+  if constexpr (kBlocks != kNoBlocks)  // the other block-mode instance serves this sequence
+    if (blocks_aligned_ctx(p, b, K) != (kBlocks == kBlocksAligned)) return;
   Seq sq{};
   if constexpr (kServing) sq = seq_of<kComplex, kBlocks != kNoBlocks>(p, b);
-  if constexpr (kBlocks != kNoBlocks)  // the other block-mode instance serves this sequence
-    if (blocks_aligned_seq(sq, K) != (kBlocks == kBlocksAligned)) return;
   const int64_t L = kServing ? sq.len : p.seqlen;
 
   float4* sB = smem;

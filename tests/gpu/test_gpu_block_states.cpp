@@ -77,6 +77,24 @@ TEST(GpuBlockStates, LongPadsAndDenseBatch) {
   check_on_gpu(s);
 }
 
+// Fresh prefills without context_lens (every sequence starts at 0), the bench's case: with a block size 16 divides
+// only the aligned instance is launched, with one it does not only the unaligned one. Block ends mid-piece and at
+// piece ends, several per piece (K = 32), a pad entry that drops one boundary state, a sequence ending on a block end,
+// dstate above a state tile (a partial second tile).
+TEST(GpuBlockStates, FreshPrefillWithoutContext) {
+  REQUIRE_GPU();
+  uint64_t seed = 1700;
+  for (int64_t K : {32, 256, 48, 100})
+    for (int64_t N : {16, 40}) {
+      const std::vector<int64_t> lens{1100, 256, 31, 0, 513};
+      VarlenSpec s = block_spec(lens, {}, K, (1100 + K - 1) / K);
+      s.dim = 16, s.dstate = N, s.groups = 2, s.slow_decay = true, s.seed = seed++;
+      s.itype = seed % 2 ? SELSCAN_DTYPE_BFLOAT16 : SELSCAN_DTYPE_FLOAT32;
+      s.block_table[0][1] = -1;  // the state after block 1 of sequence 0 is not kept
+      check_on_gpu(s);
+    }
+}
+
 // Entries the host cannot check (a slot outside the pool, a starting entry that is pad_slot_id, a negative context):
 // that sequence's outputs are NaN and no slot is touched; the others run normally.
 TEST(GpuBlockStates, BadEntriesGiveNaNAndTouchNoSlot) {
