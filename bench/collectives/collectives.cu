@@ -3,10 +3,12 @@
 // once as the library has it (its own device functions, included from kernels/, or, where the kernel writes the
 // collective inline, a transcription of those lines named below) and once as the CUB call that would replace it.
 //
-//   fwd_scan/{real,complex}   kern::warp_scan_fwd + the shfl_up that makes the exclusive state (kernels/fwd/warp.cuh,
-//                             once per state and piece) vs cub::WarpScan<(a, b)>::InclusiveScan + the same shfl_up
-//   bwd_scan2/complex         bwd::warp_scan_fwd2, two forward scans at once (backward pass 1, complex weights) vs two
-//                             cub::WarpScan::InclusiveScan calls
+//   fwd_scan/{real,complex}   a hand-written 5-step Hillis-Steele scan of (a, b) pairs (hand_scan below) + the
+//                             shfl_up that makes the exclusive state (kernels/fwd/warp.cuh, once per state and
+//                             piece) vs cub::WarpScan<(a, b)>::InclusiveScan + the same shfl_up, as the kernels
+//                             call it (kern::warp_scan_fwd)
+//   bwd_scan2/complex         two hand-written forward scans interleaved (hand_scan2 below; backward pass 1, complex
+//                             weights) vs two cub::WarpScan::InclusiveScan calls (the kernels' bwd::warp_scan_fwd2)
 //   bwd_scan_fwd_rev/{real,complex}  bwd::warp_scan_fwd_rev, a forward and a reverse scan at once (backward pass 2,
 //                             once per state and piece) vs a forward cub::WarpScan and a reverse one (CUB has no
 //                             reverse scan: the lanes are mirrored with shfl_xor 31 before and after)
@@ -93,15 +95,38 @@ const char* impl_name(int i) { return i == kBase ? "base" : i == kHand ? "hand" 
 // (a, b): h -> a h + b. compose(x, y) = y after x = (y.a x.a, y.a x.b + y.b), identity (1, 0): the operator of
 // kern::warp_scan_fwd, in CUB's argument order (the earlier lanes' aggregate first).
 template <typename W>
-struct Rec {
-  W a, b;
-};
+using Rec = kern::RecPair<W>;
 template <typename W>
-struct Compose {
-  __device__ __forceinline__ Rec<W> operator()(const Rec<W>& x, const Rec<W>& y) const {
-    return {kern::wmul(y.a, x.a), kern::wfma(y.a, x.b, y.b)};
+using Compose = kern::ComposeRec<W>;
+// The hand-written scans the CUB calls are measured against: lane l ends with the composition of lanes 0..l,
+// composed in the same order as cub::WarpScan's shuffle form (so both give the same bits).
+template <typename W>
+__device__ __forceinline__ void hand_scan(W& a, W& b, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa = kern::shfl_up(a, off);
+    const W pb = kern::shfl_up(b, off);
+    if (lane >= off) {
+      b = kern::wfma(a, pb, b);
+      a = kern::wmul(a, pa);
+    }
   }
-};
+}
+// Two at once, their shuffles interleaved.
+template <typename W>
+__device__ __forceinline__ void hand_scan2(W& a0, W& b0, W& a1, W& b1, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const W pa0 = kern::shfl_up(a0, off), pb0 = kern::shfl_up(b0, off);
+    const W pa1 = kern::shfl_up(a1, off), pb1 = kern::shfl_up(b1, off);
+    if (lane >= off) {
+      b0 = kern::wfma(a0, pb0, b0);
+      a0 = kern::wmul(a0, pa0);
+      b1 = kern::wfma(a1, pb1, b1);
+      a1 = kern::wmul(a1, pa1);
+    }
+  }
+}
 template <typename W>
 struct Plus {
   __device__ __forceinline__ W operator()(const W& x, const W& y) const { return kern::wadd(x, y); }
@@ -178,16 +203,11 @@ struct FwdScan {
     W a = in_at<W>(x, 0, fi), b = in_at<W>(x, 1, fi);
     W h = kern::wzero<W>();
     if constexpr (I == kHand) {
-      kern::warp_scan_fwd(a, b, lane);
+      hand_scan(a, b, lane);
       h = kern::shfl_up(b, 1);
       if (lane == 0) h = kern::wzero<W>();
     } else if constexpr (I == kCub) {
-      using WS = cub::WarpScan<Rec<W>>;
-      __shared__ typename WS::TempStorage tmp[kWarps];
-      Rec<W> r;
-      WS(tmp[warp]).InclusiveScan(Rec<W>{a, b}, r, Compose<W>());
-      a = r.a;
-      b = r.b;
+      kern::warp_scan_fwd(a, b, lane);
       h = kern::shfl_up(b, 1);
       if (lane == 0) h = kern::wzero<W>();
     }
@@ -220,14 +240,9 @@ struct BwdScan2 {
   __device__ __forceinline__ static void step(const float* x, float* acc, float fi, int lane, int warp) {
     W a0 = in_at<W>(x, 0, fi), b0 = in_at<W>(x, 1, fi), a1 = in_at<W>(x, 2, fi), b1 = in_at<W>(x, 3, fi);
     if constexpr (I == kHand) {
-      bwd::warp_scan_fwd2(a0, b0, a1, b1, lane);
+      hand_scan2(a0, b0, a1, b1, lane);
     } else if constexpr (I == kCub) {
-      using WS = cub::WarpScan<Rec<W>>;
-      __shared__ typename WS::TempStorage tmp[2][kWarps];
-      Rec<W> r0, r1;
-      WS(tmp[0][warp]).InclusiveScan(Rec<W>{a0, b0}, r0, Compose<W>());
-      WS(tmp[1][warp]).InclusiveScan(Rec<W>{a1, b1}, r1, Compose<W>());
-      a0 = r0.a, b0 = r0.b, a1 = r1.a, b1 = r1.b;
+      bwd::warp_scan_fwd2(a0, b0, a1, b1, lane);
     }
     acc_at(acc, 0, a0);
     acc_at(acc, 1, b0);
