@@ -73,11 +73,32 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
     if (Status s = launch_status("backward: launching the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
 
-  const int64_t Lr = p.seqlen * (kC ? 2 : 1);
-  const int64_t rows = p.rows() * p.groups * p.dstate;  // rows of variable B/C: one batch row when packed
-  const FinishGrid g{grid_for(p.dim * p.dstate, 256), p.var_B ? grid_for(rows * Lr, 256) : 0,
-                     p.var_C ? grid_for(rows * Lr, 256) : 0, plan.images};
-  bwd_finish<T, kC><<<static_cast<unsigned>(g.params + g.dB + g.dC), 256, 0, st>>>(a, g);
+  FinishArgs f{};
+  f.batch = p.batch;
+  f.dim = p.dim;
+  f.dstate = p.dstate;
+  f.groups = p.groups;
+  f.Lr = p.seqlen * (kC ? 2 : 1);
+  f.rows = p.rows() * p.groups * p.dstate;  // rows of variable B/C: one batch row when packed
+  f.var_elems = plan.var_elems;
+  f.var_row = plan.var_row;
+  f.images = plan.images;
+  f.accB = plan.accB;
+  f.accC = plan.accC;
+  f.var_B = p.var_B;
+  f.var_C = p.var_C;
+  f.dA = p.dA;
+  f.dB = p.dB;
+  f.dC = p.dC;
+  f.dD = p.dD;
+  f.ddelta_bias = p.ddelta_bias;
+  f.pw = a.pw;
+  f.ps = a.ps;
+  f.vb = a.vb;
+  f.vc = a.vc;
+  const FinishGrid g{grid_for(p.dim * p.dstate, 256), p.var_B ? grid_for(f.rows * f.Lr, 256) : 0,
+                     p.var_C ? grid_for(f.rows * f.Lr, 256) : 0};
+  bwd_finish<T, kC><<<static_cast<unsigned>(g.params + g.dB + g.dC), 256, 0, st>>>(f, g);
   if (Status s = launch_status("backward: launching the parameter sums and dB/dC conversion");
       s != SELSCAN_STATUS_SUCCESS)
     return s;

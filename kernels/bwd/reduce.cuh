@@ -40,35 +40,52 @@ __device__ __forceinline__ void add_f4(float* dst, float4 v) {
 #endif
 }
 
+// What bwd_finish reads: the sizes, the parameter gradients' views and the workspace regions, and no more. The
+// runtime copies a kernel's argument into every launch, so this short struct instead of Args (a whole Problem,
+// ~1.3 KB) is part of the backward's host cost.
+struct FinishArgs {
+  int64_t batch, dim, dstate, groups;
+  int64_t Lr;    // itype elements per row of variable dB/dC: L, or 2L for complex weights
+  int64_t rows;  // rows of a variable dB/dC image: batch rows (1 when packed) * groups * dstate
+  int64_t var_elems, var_row;
+  int64_t images;  // dB/dC images summed per element (the plan's; 1 unless deterministic)
+  int accB, accC;
+  bool var_B, var_C;
+  View dA, dB, dC, dD, ddelta_bias;
+  const float* pw;
+  const float* ps;
+  const float* vb;
+  const float* vc;
+};
+
 // dA, constant dB/dC, dD, ddelta_bias: fixed-order sums over batch of the per-(b,d) partials, by block `block` of
 // `blocks`.
 template <bool kC>
-__device__ void params_part(const Args& args, int64_t block, int64_t blocks) {
+__device__ void params_part(const FinishArgs& f, int64_t block, int64_t blocks) {
   using W = typename Weights<kC>::W;
-  const Problem& p = args.p;
-  const int64_t N = p.dstate, D = p.dim, Bt = p.batch;
-  const W* pw = reinterpret_cast<const W*>(args.pw);
+  const int64_t N = f.dstate, D = f.dim, Bt = f.batch;
+  const W* pw = reinterpret_cast<const W*>(f.pw);
   const int64_t stride = blocks * blockDim.x;
   for (int64_t i = block * blockDim.x + threadIdx.x; i < D * N; i += stride) {
     const int64_t d = i / N, n = i % N;
     W sA = wzero<W>(), sB = wzero<W>(), sC = wzero<W>();
     for (int64_t b = 0; b < Bt; ++b) {
       sA = wadd(sA, pw[(b * D + d) * N + n]);
-      if (args.accB >= 0) sB = wadd(sB, pw[((args.accB * Bt + b) * D + d) * N + n]);
-      if (args.accC >= 0) sC = wadd(sC, pw[((args.accC * Bt + b) * D + d) * N + n]);
+      if (f.accB >= 0) sB = wadd(sB, pw[((f.accB * Bt + b) * D + d) * N + n]);
+      if (f.accC >= 0) sC = wadd(sC, pw[((f.accC * Bt + b) * D + d) * N + n]);
     }
-    st_w<kC>(p.dA.p, d * p.dA.s[0] + n * p.dA.s[1], sA);
-    if (!p.var_B) st_w<kC>(p.dB.p, d * p.dB.s[0] + n * p.dB.s[1], sB);
-    if (!p.var_C) st_w<kC>(p.dC.p, d * p.dC.s[0] + n * p.dC.s[1], sC);
+    st_w<kC>(f.dA.p, d * f.dA.s[0] + n * f.dA.s[1], sA);
+    if (!f.var_B) st_w<kC>(f.dB.p, d * f.dB.s[0] + n * f.dB.s[1], sB);
+    if (!f.var_C) st_w<kC>(f.dC.p, d * f.dC.s[0] + n * f.dC.s[1], sC);
   }
   for (int64_t d = block * blockDim.x + threadIdx.x; d < D; d += stride) {
     float sD = 0.f, sb = 0.f;
     for (int64_t b = 0; b < Bt; ++b) {
-      sD += args.ps[b * D + d];
-      sb += args.ps[(Bt + b) * D + d];
+      sD += f.ps[b * D + d];
+      sb += f.ps[(Bt + b) * D + d];
     }
-    if ((p.dD.p != nullptr)) static_cast<float*>(p.dD.p)[d * p.dD.s[0]] = sD;
-    if ((p.ddelta_bias.p != nullptr)) static_cast<float*>(p.ddelta_bias.p)[d * p.ddelta_bias.s[0]] = sb;
+    if ((f.dD.p != nullptr)) static_cast<float*>(f.dD.p)[d * f.dD.s[0]] = sD;
+    if ((f.ddelta_bias.p != nullptr)) static_cast<float*>(f.ddelta_bias.p)[d * f.ddelta_bias.s[0]] = sb;
   }
 }
 
@@ -95,24 +112,20 @@ __device__ void var_out_part(const float* img, int64_t nimg, int64_t img_elems, 
 // where each launch costs the caller microseconds of host time.
 struct FinishGrid {
   int64_t params, dB, dC;
-  int64_t images;  // dB/dC images summed per element (the plan's; 1 unless deterministic)
 };
 
 template <typename T, bool kC>
-__global__ void bwd_finish(const Args args, const FinishGrid g) {
-  const Problem& p = args.p;
+__global__ void bwd_finish(const FinishArgs f, const FinishGrid g) {
   const int64_t b = blockIdx.x;
   if (b < g.params) {
-    params_part<kC>(args, b, g.params);
+    params_part<kC>(f, b, g.params);
     return;
   }
-  const int64_t Lr = p.seqlen * (kC ? 2 : 1), rows = p.rows() * p.groups * p.dstate;
-  const int64_t nimg = g.images;
   if (b < g.params + g.dB)
-    var_out_part<T>(args.vb, nimg, args.var_elems, args.var_row, p.dB, p.groups, p.dstate, Lr, rows, b - g.params,
+    var_out_part<T>(f.vb, f.images, f.var_elems, f.var_row, f.dB, f.groups, f.dstate, f.Lr, f.rows, b - g.params,
                     g.dB);
   else
-    var_out_part<T>(args.vc, nimg, args.var_elems, args.var_row, p.dC, p.groups, p.dstate, Lr, rows,
+    var_out_part<T>(f.vc, f.images, f.var_elems, f.var_row, f.dC, f.groups, f.dstate, f.Lr, f.rows,
                     b - g.params - g.dB, g.dC);
 }
 
