@@ -9,7 +9,8 @@
   alloc   torch.empty_like(x)                                    (the output allocation inside eager)
   ref     torch.add(x, z)                                        (one small torch op, for scale)
 
-and the binding's own cost, eager - lib (argument checks, allocation, pointers, ctypes).
+and the binding's own cost, eager - lib (argument checks, allocation, pointers, ctypes). The paths take turns
+group by group (medians over the groups), so a drift of the host's speed reaches all of them alike.
 
 On CUDA (the default when torch sees a GPU) the GPU is kept busy (torch.cuda._sleep before each group of calls),
 so that no call waits for the device and the time is the host's alone; lib is then the library's checks and the
@@ -99,27 +100,38 @@ def main():
     print(f"Bt={Bt} D={D} N={N} {str(io).replace('torch.', '')}, {args.groups} groups of {args.group} calls"
           f"{', GPU kept busy' if cuda else ''}; {where}")
     print(f"{'path':8s} {'us/call (median)':>18s} {'min':>8s}")
-    med = {}
+    # The paths take turns group by group, so a drift of the host's speed during the run (clocks, other load)
+    # reaches every path alike instead of whichever was timed at the time.
+    def refresh():
+        """Before the lib row: every eager call rewrites the plan's argument struct with the out it allocates and
+        returns. One more call, its out kept alive, so that the lib row writes into that out, never into memory a
+        freed output had."""
+        return eager()
+
     for name, fn in paths.items():
         if name == "lib":
-            keep = eager()  # the plan's struct points at live tensors again (`keep` is its out): the lib row
-            # rewrites that out, never memory another call's freed output had
+            keep = refresh()
         for _ in range(50):
             fn()
-        if cuda:
-            torch.cuda.synchronize()
-        per_call = []
-        for _ in range(args.groups):
+    if cuda:
+        torch.cuda.synchronize()
+    per_call = {name: [] for name in paths}
+    for _ in range(args.groups):
+        for name, fn in paths.items():
+            if name == "lib":
+                keep = refresh()
             if cuda:
                 torch.cuda._sleep(sleep_cycles)
             t0 = time.perf_counter()
             for _ in range(args.group):
                 fn()
-            per_call.append((time.perf_counter() - t0) / args.group * 1e6)
+            per_call[name].append((time.perf_counter() - t0) / args.group * 1e6)
             if cuda:
                 torch.cuda.synchronize()
-        med[name] = statistics.median(per_call)
-        print(f"{name:8s} {med[name]:18.2f} {min(per_call):8.2f}")
+    med = {}
+    for name, ts in per_call.items():
+        med[name] = statistics.median(ts)
+        print(f"{name:8s} {med[name]:18.2f} {min(ts):8.2f}")
     if "lib" in med:
         print(f"binding (eager - lib): {med['eager'] - med['lib']:.2f} us per call")
         if "stable" in med:
