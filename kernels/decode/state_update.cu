@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/launch.cuh"
@@ -369,6 +370,202 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S>) state_update_lean
   }
 }
 
+// ---------------------------------------------------------------------------------------------- small-grid kernel
+// state_update_small (kSmall): the lean kernel's call when the whole step is a grid of under a wave (decode at Bt
+// 1: 80 blocks for Mamba-1 2.8b, 640 for Mamba-2 2.7b). Such a step takes one thread's chain of dependent
+// instructions (issue, the loads' round trip, the update, the reduction, the stores) plus the launch, not the
+// state's bytes over the bandwidth, so this form shortens the chain and the instructions a thread issues:
+// - no integer division: the lean kernel's c / P and h / (H / G) are two ~20-instruction chains (I2F, MUFU.RCP,
+//   correction steps) ahead of every load; here each is one multiply-shift (fast_div, constants from the plan);
+// - per-channel offsets in 32 bits (the plan checks they fit), so each address is one IMAD.WIDE.U32 onto the
+//   sequence's row pointer, which the uniform datapath computes once per block;
+// - the dt path (softplus, exp(A dt), B dt x) and the gate silu(z) D x computed from the small inputs, which are
+//   L2 hits, while the state (a DRAM miss) is in flight; the state stored as soon as it is updated, before the
+//   reduction of out; out's sum over the lane's states in two chains instead of one.
+// L states a lane: 8 (the lean kernel's), or 4 when forced (twice the threads, half the work a thread).
+template <int W, bool kStream>
+__device__ __forceinline__ void ld_words(const void* p, uint32_t* w) {
+  if constexpr (W == 2) {
+    const uint2* q = static_cast<const uint2*>(p);
+    const uint2 v = kStream ? __ldcs(q) : __ldg(q);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    static_assert(W % 4 == 0, "2 words or whole 16-byte vectors");
+    const uint4* q = static_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i) {
+      const uint4 v = kStream ? __ldcs(q + i) : __ldg(q + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void st_words_cs(void* p, const uint32_t* w) {
+  if constexpr (W == 2) {
+    __stcs(static_cast<uint2*>(p), make_uint2(w[0], w[1]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i)
+      __stcs(static_cast<uint4*>(p) + i, make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
+  }
+}
+
+// L values of S (fp32, or 16-bit two a word) <-> their raw words.
+template <typename S, int L>
+__device__ __forceinline__ void words_f32(const uint32_t* w, float* out) {
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    if constexpr (sizeof(S) == 4) {
+      out[j] = __uint_as_float(w[j]);
+    } else {
+      const uint32_t h = (j & 1) ? w[j / 2] >> 16 : w[j / 2] & 0xffffu;
+      if constexpr (std::is_same_v<S, __half>) out[j] = __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+      else out[j] = __uint_as_float(h << 16);
+    }
+  }
+}
+
+template <typename S, int L>
+__device__ __forceinline__ void f32_words(const float* v, uint32_t* w) {
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    if constexpr (sizeof(S) == 4) {
+      w[j] = __float_as_uint(v[j]);
+    } else {
+      const uint32_t h = bits16(from_f32<S>(v[j]));
+      w[j / 2] = (j & 1) ? w[j / 2] | (h << 16) : h;
+    }
+  }
+}
+
+// A lane's L 16-bit B or C values (f16 or bf16, the call's dtype) from their raw words.
+template <int L>
+__device__ __forceinline__ void half_words_f32(Dtype t, const uint32_t* w, float* out) {
+  const bool f16 = t == Dtype::f16;
+#pragma unroll
+  for (int j = 0; j < L; ++j) out[j] = half_bits_f32((j & 1) ? w[j / 2] >> 16 : w[j / 2], f16);
+}
+
+// ld_raw at element `off` of a row that starts `row` elements into p: the row's address is uniform over the block,
+// and the 32-bit offset adds onto it in one IMAD.WIDE.U32.
+__device__ __forceinline__ uint32_t ld_raw_row(Dtype t, const void* p, int64_t row, unsigned off) {
+  return t == Dtype::f32 ? __ldg(static_cast<const unsigned*>(p) + row + off)
+                         : static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + row + off));
+}
+
+// Resident blocks of 128 asked of ptxas: the grids it serves by default fill under half of what SMs hold (640
+// blocks for Mamba-2 at Bt 1 with 8 states a lane, ~5 an SM), so 8 blocks (64 registers) leave ptxas room to keep
+// the loads in flight without a spill (the lean kernel's 40-register cap spilled 12 bytes in the bf16 instance
+// with A per state); with 4 states a lane twice the blocks, so 12 (40 registers, which every such instance fits).
+template <int L>
+constexpr int kSmallMinBlocks = (L == 4 ? 12 : 8) < kSmBlocks ? (L == 4 ? 12 : 8) : kSmBlocks;
+
+template <typename S, bool kAConst, int L>
+__global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_small(const StateUpdate p,
+                                                                                 const StateUpdatePlan plan) {
+  constexpr int WS = L * static_cast<int>(sizeof(S)) / 4;  // words of a lane's state
+  constexpr int WH = L / 2;                                 // words of a lane's 16-bit B or C
+  const unsigned P = static_cast<unsigned>(p.headdim);
+  const unsigned channels = static_cast<unsigned>(p.heads) * P;
+  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
+  const unsigned lane = gtid & (plan.lanes - 1);
+  unsigned c = gtid >> plan.lane_bits;
+  // Threads past the last channel still take part in the shuffles (every lane of a warp must), on a copy of the
+  // last channel, and store nothing.
+  const bool live = c < channels;
+  if (!live) c = channels - 1;
+  const unsigned h = fast_div(c, plan.p_mul, plan.p_shift);
+  const unsigned pp = c - h * P;
+  const unsigned g = fast_div(h, plan.g_mul, plan.g_shift);
+  const unsigned n0 = lane * L;
+  const bool writer = live && lane == 0;
+  const int64_t b = blockIdx.y;  // the plan keeps batch within grid.y's limit
+  // A channel's offset within its row: unsigned 32-bit products (the plan checked the largest fits; a dim of one
+  // element has index 0, so its stride's truncation is harmless).
+  const auto off = [&](const int64_t* s) { return h * static_cast<unsigned>(s[0]) + pp * static_cast<unsigned>(s[1]); };
+
+  // Without slot indices (uniform) the state, the one DRAM miss, is issued first; with them the lookups are, the
+  // state's address waiting for them, and every other input is issued while they are in flight.
+  const unsigned cs = off(p.sstate + 1) + n0;
+  const bool direct = p.idx == nullptr && p.dst == nullptr;
+  uint32_t s_raw[WS];
+  if (direct) ld_words<WS, true>(static_cast<const S*>(p.state) + b * p.sstate[0] + cs, s_raw);
+  const int64_t slot = p.idx != nullptr ? slot_at(p.idx, p.idx64, p.sidx, b) : b;
+  const int64_t dslot = p.dst != nullptr ? slot_at(p.dst, p.dst64, p.sdst, b) : slot;
+  const uint32_t x_raw = ld_raw_row(p.x_t, p.x, b * p.sx[0], off(p.sx + 2));
+  const uint32_t dt_raw = ld_raw_row(p.dt_t, p.dt, b * p.sdt[0], off(p.sdt + 2));
+  const unsigned ob = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sB[2]));
+  const unsigned oc = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sC[2]));
+  uint32_t B_raw[WH], C_raw[WH];
+  ld_words<WH, false>(static_cast<const unsigned short*>(p.B) + b * p.sB[0] + ob, B_raw);
+  ld_words<WH, false>(static_cast<const unsigned short*>(p.C) + b * p.sC[0] + oc, C_raw);
+  const float* A = static_cast<const float*>(p.A) + off(p.sA);
+  float a[kAConst ? 1 : L];
+  if constexpr (kAConst) {
+    a[0] = __ldg(A);
+  } else {
+    uint32_t aw[L];
+    ld_words<L, false>(A + n0, aw);
+#pragma unroll
+    for (int j = 0; j < L; ++j) a[j] = __uint_as_float(aw[j]);
+  }
+  const float bias = p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + off(p.sbias)) : 0.f;
+  // Only a channel's first lane writes out: its D and z.
+  const float Dv = writer && p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + off(p.sD)) : 0.f;
+  const uint32_t z_raw = writer && p.z != nullptr ? ld_raw_row(p.z_t, p.z, b * p.sz[0], off(p.sz + 2)) : 0u;
+
+  // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
+  // destination that is padding, but it writes out.
+  int kind = kRun;
+  if (p.idx != nullptr) {
+    if (slot == p.pad_slot) kind = kPad;
+    else if (slot < 0 || slot >= p.slots) kind = kBad;
+  }
+  const bool to_dst = p.dst != nullptr && dslot != p.pad_slot;  // else the slot read, or none
+  if (kind == kRun && to_dst && (dslot < 0 || dslot >= p.slots)) kind = kBad;
+  const int64_t co = b * p.sout[0] + off(p.sout + 2);
+  if (kind != kRun) {
+    if (writer) st_dtype(p.x_t, p.out, co, kind == kPad ? 0.f : __int_as_float(0x7fffffff));
+    return;
+  }
+  if (!direct) ld_words<WS, true>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs, s_raw);
+
+  // Everything that does not need the state, while it is in flight.
+  const float x = raw_f32(p.x_t, x_raw);
+  float dt = raw_f32(p.dt_t, dt_raw) + bias;
+  if (p.softplus) dt = softplus(dt);
+  float Bv[L], Cv[L], dA[kAConst ? 1 : L];
+  half_words_f32<L>(p.B_t, B_raw, Bv);
+  half_words_f32<L>(p.C_t, C_raw, Cv);
+  const float dtx = dt * x;
+#pragma unroll
+  for (int j = 0; j < L; ++j) Bv[j] *= dtx;
+#pragma unroll
+  for (int j = 0; j < (kAConst ? 1 : L); ++j) dA[j] = exp2_fast(a[j] * kLog2e * dt);
+  const float xD = Dv * x;
+  const float gate = writer && p.z != nullptr ? silu(raw_f32(p.z_t, z_raw)) : 1.f;
+
+  float s[L];
+  words_f32<S, L>(s_raw, s);
+#pragma unroll
+  for (int j = 0; j < L; ++j) s[j] = fmaf(s[j], dA[kAConst ? 0 : j], Bv[j]);
+  if (live && (p.dst == nullptr || to_dst)) {
+    uint32_t w[WS];
+    f32_words<S, L>(s, w);
+    st_words_cs<WS>(static_cast<S*>(p.state) + dslot * p.sstate[0] + cs, w);
+  }
+  float y0 = 0.f, y1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < L; j += 2) {
+    y0 = fmaf(s[j], Cv[j], y0);
+    y1 = fmaf(s[j + 1], Cv[j + 1], y1);
+  }
+  float y = y0 + y1;
+  for (int o = plan.lanes >> 1; o > 0; o >>= 1) y += __shfl_xor_sync(kFullMask, y, o);
+  if (writer) st_dtype(p.x_t, p.out, co, (y + xD) * gate);
+}
+
 }  // namespace
 }  // namespace selscan::kern
 
@@ -385,6 +582,17 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
   const auto s = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
+    if (plan.kernel == StateUpdatePlan::kSmall) {
+      // One sequence a block row, as the lean kernel; 8 or 4 states a lane.
+      const auto small = [&](auto states) {
+        constexpr int L = decltype(states)::value;
+        if (plan.a_const) state_update_small<S, true, L><<<grid(1), kThreads, 0, s>>>(p, plan);
+        else state_update_small<S, false, L><<<grid(1), kThreads, 0, s>>>(p, plan);
+      };
+      if (plan.small_states == 4) small(std::integral_constant<int, 4>{});
+      else small(std::integral_constant<int, StateUpdatePlan::kLeanStates>{});
+      return;
+    }
     if (plan.kernel == StateUpdatePlan::kLean) {
       // One sequence a block row (the plan keeps batch <= 65535).
       if (plan.a_const) state_update_lean<S, true><<<grid(1), kThreads, 0, s>>>(p, plan);

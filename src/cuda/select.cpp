@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "selscan/selscan.h"
 
@@ -492,15 +495,66 @@ bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
   return true;
 }
 
+// Whether every element a channel touches lies within 2^32 elements of its row: the largest (h, p) offset
+// sum_i (count_i - 1) * stride_i (strides >= 0, validated; a dim of one element adds nothing whatever its stride).
+bool offsets_fit_u32(std::initializer_list<std::pair<int64_t, int64_t>> dims) {
+  uint64_t sum = 0;
+  for (const auto& [count, stride] : dims) {
+    if (count <= 1) continue;
+    const auto c = static_cast<uint64_t>(count - 1), st = static_cast<uint64_t>(stride);
+    if (st != 0 && c > UINT32_MAX / st) return false;
+    sum += c * st;
+    if (sum > UINT32_MAX) return false;
+  }
+  return true;
+}
+
+// kSmall over a lean plan (`plan`, its lanes for 8 states): false where a channel's offsets need 64 bits, or `states`
+// (4) leaves the lane count outside a warp or the loads' alignment.
+bool plan_small(const StateUpdate& p, int states, StateUpdatePlan* plan) {
+  const int64_t H = p.heads, P = p.headdim, N = p.dstate;
+  const bool fits =
+      offsets_fit_u32({{H, p.sx[2]}, {P, p.sx[3]}}) && offsets_fit_u32({{H, p.sdt[2]}, {P, p.sdt[3]}}) &&
+      offsets_fit_u32({{H, p.sout[2]}, {P, p.sout[3]}}) &&
+      (p.z == nullptr || offsets_fit_u32({{H, p.sz[2]}, {P, p.sz[3]}})) &&
+      offsets_fit_u32({{p.groups, p.sB[2]}, {N, p.sB[3]}}) && offsets_fit_u32({{p.groups, p.sC[2]}, {N, p.sC[3]}}) &&
+      offsets_fit_u32({{H, p.sA[0]}, {P, p.sA[1]}, {N, p.sA[2]}}) &&
+      (p.D == nullptr || offsets_fit_u32({{H, p.sD[0]}, {P, p.sD[1]}})) &&
+      (p.dt_bias == nullptr || offsets_fit_u32({{H, p.sbias[0]}, {P, p.sbias[1]}})) &&
+      offsets_fit_u32({{H, p.sstate[1]}, {P, p.sstate[2]}, {N, p.sstate[3]}});
+  if (!fits) return false;
+  StateUpdatePlan q = *plan;
+  if (states != StateUpdatePlan::kLeanStates) {
+    const int64_t lanes = N / states;
+    if (N % states != 0 || lanes > 32 || (lanes & (lanes - 1)) != 0) return false;
+    if (!lane_vec_ok(p.state, p.state_t, N, states, p.sstate[3], p.sstate, 3) ||
+        !lane_vec_ok(p.B, p.B_t, N, states, p.sB[3], p.sB, 3) || !lane_vec_ok(p.C, p.C_t, N, states, p.sC[3], p.sC, 3))
+      return false;
+    if (!q.a_const && !lane_vec_ok(p.A, Dtype::f32, N, states, p.sA[2], p.sA, 2)) return false;
+    q.lanes = static_cast<int>(lanes);
+    q.lane_bits = 0;
+    while ((1 << q.lane_bits) < lanes) ++q.lane_bits;
+  }
+  q.kernel = StateUpdatePlan::kSmall;
+  q.small_states = states;
+  fast_divisor(static_cast<uint32_t>(P), &q.p_mul, &q.p_shift);
+  fast_divisor(static_cast<uint32_t>(p.heads_per_group), &q.g_mul, &q.g_shift);
+  *plan = q;
+  return true;
+}
+
 }  // namespace
 
-// The lean kernel where the call allows it: a thread per (sequence, channel, 16 bytes of state), few registers and
-// many resident threads, as mamba_ssm's Triton kernel. Otherwise the general kernel: 8 states a lane (32 bytes of fp32
-// state, 16 of 16-bit, a sequence), several sequences a thread (kernels/decode/state_update.cu).
+// The lean kernel where the call allows it: a thread per (sequence, channel, 8 states), few registers and many
+// resident threads, as mamba_ssm's Triton kernel; for a small grid its short-path form (kSmall). Otherwise the
+// general kernel: 8 states a lane (32 bytes of fp32 state, 16 of 16-bit, a sequence), several sequences a thread
+// (kernels/decode/state_update.cu).
 DecodeForce parse_decode_force(const char* value) {
   if (value == nullptr) return DecodeForce::none;
   if (std::strcmp(value, "lean") == 0) return DecodeForce::lean;
   if (std::strcmp(value, "general") == 0) return DecodeForce::general;
+  if (std::strcmp(value, "small") == 0) return DecodeForce::small;
+  if (std::strcmp(value, "small4") == 0) return DecodeForce::small4;
   return DecodeForce::none;
 }
 
@@ -508,7 +562,13 @@ StateUpdatePlan plan_state_update(const StateUpdate& p) { return plan_state_upda
 
 StateUpdatePlan plan_state_update(const StateUpdate& p, DecodeForce force) {
   StateUpdatePlan plan{};
-  if (force != DecodeForce::general && plan_lean(p, &plan)) return plan;
+  if (force != DecodeForce::general && plan_lean(p, &plan)) {
+    const bool small_grid = p.batch * p.channels() * p.dstate <= StateUpdatePlan::kSmallGridStates;
+    if (force == DecodeForce::small4 && plan_small(p, 4, &plan)) return plan;
+    if (force == DecodeForce::small || force == DecodeForce::small4 || (force == DecodeForce::none && small_grid))
+      plan_small(p, StateUpdatePlan::kLeanStates, &plan);  // where the offsets need 64 bits, the lean plan stays
+    return plan;
+  }
   plan.kernel = StateUpdatePlan::kGeneral;
   const int64_t chunks = (p.dstate + StateUpdatePlan::kStatesPerLane - 1) / StateUpdatePlan::kStatesPerLane;
   plan.lanes = 1;

@@ -28,10 +28,11 @@ struct DeviceProps {
 enum class Force { none, warp, ts };
 // "warp" -> warp, "ts" -> ts, anything else (NULL, "auto", ...) -> none.
 Force parse_force(const char* value);
-// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve (the
-// default plan's choice too); `general` the general kernel always.
-enum class DecodeForce { none, lean, general };
-// "lean" -> lean, "general" -> general, anything else (NULL, "auto", ...) -> none.
+// A decode-kernel override (tests, A/B benchmarks): `lean` gives the lean kernel every call it can serve, small
+// grids included (the plan before kSmall existed); `small` / `small4` give kSmall with 8 / 4 states a lane every
+// call it can serve, whatever the grid's size (else the default plan's choice); `general` the general kernel always.
+enum class DecodeForce { none, lean, general, small, small4 };
+// "lean", "general", "small", "small4" -> that value; anything else (NULL, "auto", ...) -> none.
 DecodeForce parse_decode_force(const char* value);
 struct Overrides {
   Force fwd = Force::none, bwd = Force::none;

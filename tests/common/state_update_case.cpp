@@ -254,12 +254,15 @@ StateUpdateCase make_state_update_case(const StateUpdateSpec& spec_in) {
 }
 
 selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec, const DeviceMemory* dev,
-                                  bool misalign) {
+                                  bool misalign, const StateUpdateCall& call) {
+  const auto run = [&](const selscan_state_update_args_t& a) {
+    return call ? call(a, exec) : selscan_state_update(&a, &exec);
+  };
   c.out.fill_bytes(kPoison);
   if (dev == nullptr) {
     selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
                                            c.idx_storage.data(), c.dst_storage.data());
-    return selscan_state_update(&a, &exec);
+    return run(a);
   }
   struct Copy {
     std::vector<unsigned char>* host;
@@ -288,7 +291,7 @@ selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec
   for (const Copy& k : copies) dev->to_device(k.base + k.shift, k.host->data(), k.host->size());
   selscan_state_update_args_t a =
       c.args([&](Tensor& t) { return static_cast<void*>(where.at(&t)); }, idx_dev, dst_dev);
-  const selscan_status_t s = selscan_state_update(&a, &exec);
+  const selscan_status_t s = run(a);
   dev->sync();
   for (const Copy& k : copies) dev->to_host(k.host->data(), k.base + k.shift, k.host->size());
   for (const Copy& k : copies) dev->release(k.base);

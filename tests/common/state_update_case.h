@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -81,9 +82,11 @@ std::vector<NamedStateUpdateSpec> state_update_matrix();
 
 // Poisons out, then runs selscan_state_update on `exec`: on the host storages, or (dev != nullptr) on device
 // copies of every storage (guards included), which all come back. `misalign` places every device copy one
-// element past an aligned base (element-aligned as the ABI requires, never 16-byte aligned).
+// element past an aligned base (element-aligned as the ABI requires, never 16-byte aligned). `call`, when given,
+// runs instead of selscan_state_update on the same arguments (a GPU test forcing one decode kernel).
+using StateUpdateCall = std::function<selscan_status_t(const selscan_state_update_args_t&, const selscan_exec_t&)>;
 selscan_status_t run_state_update(StateUpdateCase& c, const selscan_exec_t& exec, const DeviceMemory* dev = nullptr,
-                                  bool misalign = false);
+                                  bool misalign = false, const StateUpdateCall& call = {});
 
 // The oracle, from the inputs of `before` (the case as built, before any call).
 struct StateUpdateRef {

@@ -1,8 +1,12 @@
 // The CUDA decode kernel's launch plan (src/cuda/select.cpp, plan_state_update), checked on the CPU: which calls the
-// lean kernel takes (one token, whole power-of-two lanes of 16 bytes of state, contiguous aligned state/B/C, A
-// constant over n or aligned) and which the general one; lanes per channel from dstate; and the general kernel's
-// 16-byte loads only where every lane's states are contiguous and 16-byte aligned.
+// lean kernel takes (one token, whole power-of-two lanes of 8 states, contiguous aligned state/B/C, A constant over
+// n or aligned) and which the general one; which of the lean kernel's calls its small-grid form (kSmall) takes;
+// lanes per channel from dstate; the general kernel's 16-byte loads only where every lane's states are contiguous
+// and 16-byte aligned; and the multiply-shift division kSmall uses.
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "cuda/select.h"
 #include "state_update.h"
@@ -11,16 +15,21 @@
 namespace selscan_test {
 namespace {
 
-// The plan of a case's call, its tensors at their host addresses shifted by `shift` elements (misalignment).
-selscan::StateUpdatePlan plan_of(StateUpdateCase& c, int64_t shift = 0) {
+using selscan::cuda::DecodeForce;
+
+// The plan of a case's call, its tensors at their host addresses shifted by `shift` elements (misalignment), with
+// the override `force` (lean: the lean kernel's choice, which the test shapes' small grids would otherwise give
+// to kSmall).
+selscan::StateUpdatePlan plan_of(StateUpdateCase& c, int64_t shift = 0, DecodeForce force = DecodeForce::lean) {
   selscan_state_update_args_t a = c.args(
       [shift](Tensor& t) { return static_cast<void*>(t.storage.data() + shift * t.esize()); }, c.idx_storage.data());
   selscan::StateUpdate p{};
   EXPECT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-  return selscan::cuda::plan_state_update(p);
+  return selscan::cuda::plan_state_update(p, force);
 }
 
 constexpr int kLean = selscan::StateUpdatePlan::kLean, kGeneral = selscan::StateUpdatePlan::kGeneral;
+constexpr int kSmall = selscan::StateUpdatePlan::kSmall;
 
 TEST(StateUpdatePlan, GeneralLanesCoverDstateInPowersOfTwo) {
   const struct {
@@ -107,9 +116,10 @@ TEST(StateUpdatePlan, LeanWithAConstantOverN) {
 // SELSCAN_DECODE_KERNEL: "lean" gives the lean kernel where the call's layout allows it (as the default plan does),
 // "general" keeps every call on the general kernel; anything else plans as by default.
 TEST(StateUpdatePlan, DecodeKernelOverride) {
-  using selscan::cuda::DecodeForce;
   EXPECT_EQ(selscan::cuda::parse_decode_force("lean"), DecodeForce::lean);
   EXPECT_EQ(selscan::cuda::parse_decode_force("general"), DecodeForce::general);
+  EXPECT_EQ(selscan::cuda::parse_decode_force("small"), DecodeForce::small);
+  EXPECT_EQ(selscan::cuda::parse_decode_force("small4"), DecodeForce::small4);
   EXPECT_EQ(selscan::cuda::parse_decode_force("auto"), DecodeForce::none);
   EXPECT_EQ(selscan::cuda::parse_decode_force(nullptr), DecodeForce::none);
   for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_BFLOAT16})
@@ -122,7 +132,7 @@ TEST(StateUpdatePlan, DecodeKernelOverride) {
                                              c.idx_storage.data());
       selscan::StateUpdate p{};
       ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
-      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kLean) << s.str();
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kSmall) << s.str();  // a small grid
       const selscan::StateUpdatePlan lean = selscan::cuda::plan_state_update(p, DecodeForce::lean);
       EXPECT_EQ(lean.kernel, kLean) << s.str();
       EXPECT_EQ(lean.lanes * selscan::StateUpdatePlan::kLeanStates, N) << s.str();
@@ -198,6 +208,111 @@ TEST(StateUpdatePlan, ScalarLoadsOtherwise) {
   plan = plan_of(c);
   EXPECT_FALSE(plan.vec_A);
   EXPECT_TRUE(plan.vec_state && plan.vec_B && plan.vec_C);
+}
+
+// fast_div (kSmall's c / headdim and h / heads_per_group) equals the integer division for every divisor kind
+// (1, powers of two, odd, Mamba's 80 heads and 5120 channels, the largest) at the numerators where a wrong
+// multiplier would first show: around multiples of d and at the top of the range.
+TEST(StateUpdatePlan, FastDivIsExact) {
+  const uint32_t divisors[] = {1, 2, 3, 5, 7, 64, 80, 96, 641, 5120, 65535, 65536, 1000003, (1u << 30) + 1,
+                               (1u << 31) - 1};
+  for (uint32_t d : divisors) {
+    uint32_t mul = 0;
+    int shift = 0;
+    selscan::fast_divisor(d, &mul, &shift);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, (1u << 31) - 1, (1u << 31) - 2, (1u << 31) - d};
+    for (uint32_t k : {2u, 3u, 1000u, 65537u})
+      if (static_cast<uint64_t>(k) * d < (1u << 31)) ns.insert(ns.end(), {k * d - 1, k * d, k * d + 1});
+    for (uint32_t n = 0; n < 5000; ++n) ns.push_back(n);
+    for (uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;
+      ASSERT_EQ(selscan::fast_div(n, mul, shift), n / d) << "n " << n << " d " << d;
+    }
+  }
+}
+
+// The default plan gives kSmall the lean kernel's calls of at most kSmallGridStates states (batch x channels x
+// dstate) and the lean kernel the larger ones; kSmall's plan carries the lean lanes and the divisions it uses.
+TEST(StateUpdatePlan, SmallForSmallGrids) {
+  for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_BFLOAT16})
+    for (bool pool : {false, true}) {
+      StateUpdateSpec s;
+      s.heads = true, s.nheads = 6, s.headdim = 4, s.dstate = 16, s.groups = 3, s.groups_dim = true;
+      s.state_dtype = sd, s.itype = sd == SELSCAN_DTYPE_FLOAT32 ? SELSCAN_DTYPE_BFLOAT16 : sd, s.has_z = true;
+      if (pool) s.pool = 7, s.indices = {5, -1, 2};
+      StateUpdateCase c = make_state_update_case(s);
+      selscan::StateUpdatePlan plan = plan_of(c, 0, DecodeForce::none);
+      ASSERT_EQ(plan.kernel, kSmall) << s.str();
+      EXPECT_EQ(plan.small_states, 8) << s.str();
+      EXPECT_EQ(plan.lanes, 2) << s.str();
+      EXPECT_EQ(plan.lane_bits, 1) << s.str();
+      EXPECT_TRUE(plan.vec_state && plan.vec_B && plan.vec_C) << s.str();
+      for (uint32_t ch = 0; ch < 24; ++ch) {
+        const uint32_t h = selscan::fast_div(ch, plan.p_mul, plan.p_shift);
+        EXPECT_EQ(h, ch / 4) << s.str();
+        EXPECT_EQ(selscan::fast_div(h, plan.g_mul, plan.g_shift), h / 2) << s.str();  // 6 heads, 3 groups
+      }
+      // The lean plan is the same apart from the kernel.
+      const selscan::StateUpdatePlan lean = plan_of(c, 0, DecodeForce::lean);
+      EXPECT_EQ(lean.kernel, kLean) << s.str();
+      EXPECT_EQ(lean.lanes, plan.lanes) << s.str();
+      EXPECT_EQ(lean.a_const, plan.a_const) << s.str();
+
+      // The threshold: 24 channels x 16 states = 384 a sequence.
+      selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                             c.idx_storage.data());
+      selscan::StateUpdate p{};
+      ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+      p.batch = selscan::StateUpdatePlan::kSmallGridStates / 384;  // 2730: 1,048,320 states
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kSmall) << s.str();
+      p.batch += 1;  // 1,048,704 > 2^20
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kLean) << s.str();
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kSmall) << s.str();
+      p.batch = 65536;  // past grid.y: the general kernel whatever is asked
+      EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kGeneral) << s.str();
+    }
+}
+
+// SELSCAN_DECODE_KERNEL=small4: kSmall with 4 states a lane (twice the lanes) where dstate / 4 lanes fit a warp and
+// the loads of 4 values are aligned; else kSmall's 8. `small` and `small4` never reach a call the lean kernel
+// cannot serve (several tokens), and a channel whose offsets need 64 bits keeps the lean kernel.
+TEST(StateUpdatePlan, SmallOverrides) {
+  for (int32_t sd : {SELSCAN_DTYPE_FLOAT32, SELSCAN_DTYPE_BFLOAT16})
+    for (int64_t N : {16, 128, 256})
+      for (bool broadcast : {false, true}) {
+        StateUpdateSpec s;
+        s.heads = true, s.headdim = 4, s.dstate = N, s.state_dtype = sd, s.itype = SELSCAN_DTYPE_BFLOAT16;
+        s.broadcast = broadcast, s.has_z = true;
+        StateUpdateCase c = make_state_update_case(s);
+        const selscan::StateUpdatePlan p4 = plan_of(c, 0, DecodeForce::small4);
+        ASSERT_EQ(p4.kernel, kSmall) << s.str();
+        EXPECT_EQ(p4.small_states, N == 256 ? 8 : 4) << s.str();
+        EXPECT_EQ(p4.lanes * p4.small_states, N) << s.str();
+        EXPECT_EQ(1 << p4.lane_bits, p4.lanes) << s.str();
+        EXPECT_EQ(p4.a_const, broadcast) << s.str();
+        const selscan::StateUpdatePlan p8 = plan_of(c, 0, DecodeForce::small);
+        EXPECT_EQ(p8.kernel, kSmall) << s.str();
+        EXPECT_EQ(p8.small_states, 8) << s.str();
+        EXPECT_EQ(p8.lanes * 8, N) << s.str();
+        // kSmall serves only the lean kernel's calls: 8 bytes off the lean kernel's 16-byte loads is the general
+        // kernel's, even where 4 16-bit states a lane would be aligned.
+        if (sd == SELSCAN_DTYPE_BFLOAT16) EXPECT_EQ(plan_of(c, 4, DecodeForce::small4).kernel, kGeneral) << s.str();
+
+        selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                               c.idx_storage.data());
+        selscan::StateUpdate p{};
+        ASSERT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+        p.sx[2] = int64_t{1} << 30;  // x's head stride: (8 - 1) heads x 2^30 elements > 2^32
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kLean) << s.str();
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kLean) << s.str();
+        p.sx[2] = int64_t{1} << 29;  // 7 x 2^29 + 3 x sx[3] < 2^32
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kSmall) << s.str();
+
+        s.tokens = 2;
+        c = make_state_update_case(s);
+        EXPECT_EQ(plan_of(c, 0, DecodeForce::small).kernel, kGeneral) << s.str();
+        EXPECT_EQ(plan_of(c, 0, DecodeForce::small4).kernel, kGeneral) << s.str();
+      }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The decode step (selscan_state_update) on CUDA against the float64 oracle: the CPU tests' matrix on device
 // copies (16-byte aligned: the vector paths and, for one token, the lean kernel; one element off: the general
-// kernel's scalar paths), Mamba-2.8b's width with a pool, Mamba-2's heads shape (also as the lean kernel takes it),
+// kernel's scalar paths; and each with every decode kernel forced), Mamba-2.8b's width with a pool, Mamba-2's heads
+// shape (also as the lean kernel and its small-grid form take it),
 // serving's prefill-then-decode equivalence with the scan, CUDA-graph capture with the indices changed between
 // replays (no host reads of device data), and a non-default stream.
 #include <cuda_runtime.h>
@@ -10,8 +11,10 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/select.h"
 #include "cuda_memory.h"
 #include "gpu_gate.h"
+#include "state_update.h"
 #include "state_update_case.h"
 
 namespace selscan_test {
@@ -33,7 +36,62 @@ void run_and_check(const StateUpdateSpec& spec, bool misalign) {
   expect_state_update_ok(c, before);
 }
 
+// As run_and_check, with the decode kernel chosen by `force` instead of SELSCAN_DECODE_KERNEL (read once per
+// process): the plan and the launch below the C ABI, on the validated call. Returns the kernel that ran.
+int run_forced_and_check(const StateUpdateSpec& spec, bool misalign, selscan::cuda::DecodeForce force) {
+  const StateUpdateCase before = make_state_update_case(spec);
+  StateUpdateCase c = before;
+  int kernel = -1;
+  const StateUpdateCall call = [&](const selscan_state_update_args_t& a, const selscan_exec_t& ex) {
+    selscan::StateUpdate p{};
+    const selscan_status_t st = selscan::make_state_update(&a, &p);
+    if (st != SELSCAN_STATUS_SUCCESS) return st;
+    const selscan::StateUpdatePlan plan = selscan::cuda::plan_state_update(p, force);
+    kernel = plan.kernel;
+    return selscan::cuda::launch_state_update(p, plan, ex.stream);
+  };
+  EXPECT_EQ(run_state_update(c, cuda_exec(), &device_copies(), misalign, call), SELSCAN_STATUS_SUCCESS)
+      << spec.str() << ": " << selscan_last_error();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << spec.str();
+  expect_state_update_ok(c, before);
+  return kernel;
+}
+
+// The plan `force` gives the case's call (host addresses: the device copies keep their alignment mod 16).
+int planned_kernel(const StateUpdateSpec& spec, selscan::cuda::DecodeForce force) {
+  StateUpdateCase c = make_state_update_case(spec);
+  selscan_state_update_args_t a = c.args([](Tensor& t) { return static_cast<void*>(t.storage.data()); },
+                                         c.idx_storage.data(), c.dst_storage.data());
+  selscan::StateUpdate p{};
+  EXPECT_EQ(selscan::make_state_update(&a, &p), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  return selscan::cuda::plan_state_update(p, force).kernel;
+}
+
+// Every decode kernel forced on one case, against the oracle: the lean kernel (which the small test grids would
+// otherwise leave to kSmall), kSmall with 8 and with 4 states a lane, and the general kernel. Where the lean kernel
+// serves the call, so must kSmall when forced: the test fails if the variant it names did not run.
+void run_every_kernel(const StateUpdateSpec& spec, bool misalign) {
+  using selscan::cuda::DecodeForce;
+  constexpr int kLean = selscan::StateUpdatePlan::kLean, kSmall = selscan::StateUpdatePlan::kSmall;
+  const int lean = run_forced_and_check(spec, misalign, DecodeForce::lean);
+  const int small = run_forced_and_check(spec, misalign, DecodeForce::small);
+  const int small4 = run_forced_and_check(spec, misalign, DecodeForce::small4);
+  EXPECT_EQ(run_forced_and_check(spec, misalign, DecodeForce::general), selscan::StateUpdatePlan::kGeneral);
+  if (lean == kLean) {
+    EXPECT_EQ(small, kSmall) << spec.str();
+    EXPECT_EQ(small4, kSmall) << spec.str();
+  } else {
+    EXPECT_EQ(small, lean) << spec.str();
+    EXPECT_EQ(small4, lean) << spec.str();
+  }
+}
+
 class GpuStateUpdate : public ::testing::TestWithParam<NamedStateUpdateSpec> {};
+
+TEST_P(GpuStateUpdate, EveryKernelForcedMatchesTheOracle) {
+  REQUIRE_GPU();
+  run_every_kernel(GetParam().spec, false);  // one element off, every force gives the general kernel (Misaligned*)
+}
 
 TEST_P(GpuStateUpdate, MatchesTheOracle) {
   REQUIRE_GPU();
@@ -85,6 +143,32 @@ TEST(GpuStateUpdateShapes, Mamba2LeanKernelWithAPool) {
         if (dst) s.dst = {2, 4, 18, -1, 6, 9, 7, 8, 23, 12, 40, 28};
         s.seed = ++seed;
         run_and_check(s, false);
+        run_every_kernel(s, false);
+      }
+}
+
+// Mamba-2 2.7b's step at Bt 1 and 2 and Mamba-1 2.8b's at Bt 1 (the small grids the default plan gives kSmall),
+// every state dtype, bf16 inputs, with and without a pool: every kernel forced, and the default plan.
+TEST(GpuStateUpdateShapes, SmallGridsEveryKernel) {
+  REQUIRE_GPU();
+  constexpr int32_t kF32 = SELSCAN_DTYPE_FLOAT32, kF16 = SELSCAN_DTYPE_FLOAT16, kBF16 = SELSCAN_DTYPE_BFLOAT16;
+  uint64_t seed = 3700;
+  for (bool mamba2 : {true, false})
+    for (int32_t sd : {kF32, kBF16, kF16})
+      for (int64_t batch : {1, 2}) {
+        StateUpdateSpec s;
+        if (mamba2) {
+          s.heads = true, s.nheads = 80, s.headdim = 64, s.dstate = 128, s.groups = 1, s.groups_dim = true;
+          s.broadcast = true;
+        } else {
+          s.nheads = 5120, s.dstate = 16;
+        }
+        s.batch = batch, s.state_dtype = sd, s.itype = sd == kF32 ? kBF16 : sd, s.has_z = true;
+        if (batch == 2) s.pool = 5, s.indices = {3, 0};
+        s.seed = ++seed;
+        EXPECT_EQ(planned_kernel(s, selscan::cuda::DecodeForce::none), selscan::StateUpdatePlan::kSmall) << s.str();
+        run_and_check(s, false);
+        run_every_kernel(s, false);
       }
 }
 
