@@ -16,10 +16,12 @@ the caller get a zero gradient (upstream's are uninitialised memory); the weight
 also without autocast (upstream then requires them in xz's dtype).
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
-from . import _conv1d, _lib
+from . import _backends, _conv1d, _lib, _plan
 from . import torch as _sst  # selscan.torch (this module is imported at its end): its scan entry points
 from ._lib import SelscanError
 
@@ -36,6 +38,21 @@ def _autocast_dtype(device_type):
         if device_type == "cuda" and torch.is_autocast_enabled():
             return torch.get_autocast_gpu_dtype()
         return None
+
+
+def _autocast_on(device_type):
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument; assume on (the general path then decides)
+        return True
+
+
+def _no_autocast(device_type):
+    """autocast off for device_type (entering torch.autocast costs tens of microseconds: skipped when it is off)."""
+    return torch.autocast(device_type, enabled=False) if _autocast_on(device_type) else _NULL
+
+
+_NULL = contextlib.nullcontext()
 
 
 def _cast(t, dtype):
@@ -123,24 +140,25 @@ def _mat(t):
     return t.transpose(0, 1).reshape(t.shape[1], -1)
 
 
-def _conv_fwd(x, w, bias):
+def _conv_fwd(x, w, bias, want_inputs=False):
     """The conv output as a (dim, bt*L) matrix: x_proj then runs as one GEMM on it without a copy, and the scan
-    reads its (bt, dim, L) view."""
+    reads its (bt, dim, L) view. want_inputs: also the inputs as the library read them."""
     out = x.new_empty((x.shape[1], x.shape[0] * x.shape[2]))
-    _conv1d.conv1d_fwd(x, w, bias, None, None, None, False, True, out=_bdl(out, x.shape[0]))
-    return out
+    _, _, ins = _conv1d.conv1d_fwd(x, w, bias, None, None, None, False, True, out=_bdl(out, x.shape[0]))
+    return (out, ins) if want_inputs else out
 
 
 def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus, out_z):
-    """(out before the z gate, out * silu(z), chunk states or None) from the library's forward; out_z written into
-    the given tensor (copied there where the general path runs)."""
+    """(out before the z gate, out * silu(z), chunk states or None, the inputs as the fast path read them or None
+    where the general path ran) from the library's forward; out_z written into the given tensor (copied there
+    where the general path runs)."""
     want_x = u.shape[-1] > _lib.CHUNK
     r = _sst._fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, False, out_z=out_z)
     if r is None:
         out, oz, x, _ = _sst._fwd_impl(*_sst._ready(u, delta, A, B, C, D, z, bias), softplus)
-        return out, out_z.copy_(oz), x if want_x else None
-    _, (out, out_z, x, _) = r
-    return out, out_z, x
+        return out, out_z.copy_(oz), x if want_x else None, None
+    ins, (out, out_z, x, _) = r
+    return out, out_z, x, ins
 
 
 def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det, into):
@@ -187,6 +205,202 @@ def _check(xz, conv1d_weight, x_proj_weight, delta_proj_weight, A, B, C, checkpo
                            "norm reads interleaved Re/Im as states)", _lib.STATUS_INVALID_ARGUMENT)
 
 
+class _LayerPlan:
+    """The fused forward of one call signature (the common case: real A, B and C projected, no norms or
+    projection biases, no autocast, no conversions): the conv1d and scan call plans taking xz, x_dbl and the
+    weights' own addresses (the views the general path makes sit at fixed byte offsets into them), and the
+    layouts the plans were made for."""
+
+    __slots__ = ("conv", "scan", "ws", "dm", "rank", "states", "xdbl_stride", "d_stride", "softplus")
+
+
+def _layer_key(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, A, D, delta_bias, softplus):
+    """What a _LayerPlan depends on (None where a tensor is absent); raises AttributeError for non-tensors."""
+    sig = _tsig
+    return (sig(xz), sig(conv1d_weight), sig(conv1d_bias), sig(x_proj_weight), sig(delta_proj_weight), sig(A),
+            sig(D), sig(delta_bias), softplus)
+
+
+def _tsig(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _new_layer_plan(xz, x, cw, conv1d_bias, conv, x_dbl, d, rank, delta, A, Bs, Cs, D, z, delta_bias, out,
+                    out_z, states, softplus, dev):
+    """A _LayerPlan from the general path's first call of a signature (its tensors as the library read them),
+    or None where a plan cannot express the call."""
+    kd = _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU
+    codes = _conv1d._framework(x).describe
+    conv_named = [("x", x), ("weight", cw), ("bias", conv1d_bias), ("out", _bdl(conv, xz.shape[0]))]
+    conv_named = [(n, t) for n, t in conv_named if t is not None]
+    specs = {n: codes(t) for n, t in conv_named}
+    if any(c[0] is None for c in specs.values()):
+        return None
+    flags = {"activation": _lib.ACTIVATION_SILU, "pad_slot_id": -1}
+    try:
+        cplan = _plan.Plan("conv1d_fwd", specs, [t.data_ptr() for _, t in conv_named], flags, kd, max(dev, 0), 0)
+    except SelscanError:
+        return None
+    # ts of the conv call: (xz, conv1d_weight, conv1d_bias, conv); x and the (dim, width) weight share their
+    # tensors' first element.
+    lp = _LayerPlan()
+    lp.conv = cplan.caller([0, 1, 2, 3] if conv1d_bias is not None else [0, 1, 3], _plan.PTR_TORCH)
+    # ts of the scan call: (conv, d, A, x_dbl, x_dbl, D, xz, delta_bias, out, out_z, states)
+    base = (conv, d, A, x_dbl, x_dbl, D, xz, delta_bias, out, out_z, states)
+    views = (_bdl(conv, xz.shape[0]), delta, A, Bs, Cs, D, z, delta_bias, out, _bdl(out_z, xz.shape[0]), states)
+    names = _lib.FWD_INPUTS[:8] + ("out", "out_z", "x")
+    named = [(n, v) for n, v in zip(names, views)]
+    it, wt = _sst._ITYPES.get(xz.dtype), _sst._WTYPES.get(A.dtype)
+    if it is None or wt is None:
+        return None
+    sspecs = {n: (_sst._want(_sst._KINDS[n], v, it, wt), tuple(v.shape), tuple(v.stride()))
+              for n, v in named if v is not None}
+    try:
+        splan = _plan.Plan("fwd", sspecs, [v.data_ptr() for _, v in named if v is not None],
+                           {"delta_softplus": softplus}, kd, max(dev, 0), 0)
+    except SelscanError:
+        return None
+    present = [i for i, (_, v) in enumerate(named) if v is not None]
+    offsets = [views[i].data_ptr() - base[i].data_ptr() for i in present]
+    lp.scan, lp.ws = splan.caller(present, _plan.PTR_TORCH, offsets), splan.ws_bytes
+    lp.dm, lp.rank, lp.softplus = xz.shape[1] // 2, rank, softplus
+    lp.states = None if states is None else (tuple(states.shape), states.dtype)
+    lp.xdbl_stride, lp.d_stride = x_dbl.stride(), d.stride()
+    return lp
+
+
+def _forward(ctx, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+             out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus, checkpoint_lvl,
+             b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps):
+    """MambaInnerFn's forward; ctx None when no gradient is wanted (nothing saved, no autograd node)."""
+    softplus = bool(delta_softplus)
+    if (_plan.ENABLED and B is None and C is None and B_proj_bias is None and C_proj_bias is None
+            and b_rms_weight is None and c_rms_weight is None and dt_rms_weight is None):
+        try:
+            key = _layer_key(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, A, D, delta_bias,
+                             softplus)
+        except AttributeError:
+            key = None
+        lp = _plan.cache("inner_fwd").get(key) if key is not None else None
+        if lp is not None and checkpoint_lvl in (0, 1) and not _autocast_on("cuda" if xz.is_cuda else "cpu"):
+            r = _fast_forward(ctx, lp, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                              out_proj_weight, out_proj_bias, A, D, delta_bias, checkpoint_lvl)
+            if r is not None:
+                return r
+    else:
+        key = None
+    return _general_forward(ctx, key, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                            out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias,
+                            softplus, checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)
+
+
+def _fast_forward(ctx, lp, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                  out_proj_bias, A, D, delta_bias, lvl):
+    """The forward through a _LayerPlan: the general path's operations without its views, checks and
+    conversions (the key guarantees there are none). None where the GEMMs' outputs are not laid out as the
+    plan's first call had them (the general path then runs)."""
+    bt, L = xz.shape[0], xz.shape[2]
+    dm, rank = lp.dm, lp.rank
+    dev = xz.get_device()
+    stream = _sst._stream(dev)
+    conv = xz.new_empty((dm, bt * L))
+    if _backends.POISON:
+        conv.fill_(float("nan"))
+    lp.conv((xz, conv1d_weight, conv1d_bias, conv), stream, 0)
+    x_dbl = torch.matmul(x_proj_weight, conv)  # (K, batch*L)
+    d = torch.matmul(delta_proj_weight, x_dbl[:rank])
+    if x_dbl.stride() != lp.xdbl_stride or d.stride() != lp.d_stride:
+        return None
+    out = xz.new_empty((bt, dm, L))
+    out_z = xz.new_empty((dm, bt * L))
+    states = None if lp.states is None else xz.new_empty(lp.states[0], dtype=lp.states[1])
+    if _backends.POISON:
+        for t in (out, out_z, states):
+            if t is not None:
+                t.fill_(float("nan"))
+    if lp.ws:
+        ws = xz.new_empty(lp.ws, dtype=torch.uint8)
+        lp.scan((conv, d, A, x_dbl, x_dbl, D, xz, delta_bias, out, out_z, states), stream, ws.data_ptr())
+    else:
+        lp.scan((conv, d, A, x_dbl, x_dbl, D, xz, delta_bias, out, out_z, states), stream, 0)
+    adt = xz.dtype
+    y = F.linear(out_z.t(), _cast(out_proj_weight, adt), _cast(out_proj_bias, adt))
+    y = y.view(bt, L, y.shape[-1])
+    if ctx is not None:
+        keep = (conv, _bdl(d, bt)) if lvl == 0 else (None, None)
+        ctx.save_for_backward(xz, conv1d_weight.reshape(dm, -1), conv1d_bias, x_dbl, x_proj_weight,
+                              delta_proj_weight, out_proj_weight, out_proj_bias, A, None, None, D, delta_bias, None,
+                              None, None, None, None, states, out, *keep)
+        cfg = _Cfg()
+        cfg.dev = "cuda" if dev >= 0 else "cpu"
+        cfg.mdt = cfg.adt = xz.dtype
+        cfg.dm, cfg.rank, cfg.cplx, cfg.ds = dm, rank, False, A.shape[-1]
+        cfg.eps, cfg.softplus, cfg.lvl = 0.0, lp.softplus, lvl  # eps: read only with RMS norms
+        cfg.given_B = cfg.given_C = False
+        cfg.w_shape = conv1d_weight.shape
+        ctx.cfg = cfg
+    return y
+
+
+def _general_forward(ctx, key, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                     out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, softplus, checkpoint_lvl,
+                     b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps):
+    _check(xz, conv1d_weight, x_proj_weight, delta_proj_weight, A, B, C, checkpoint_lvl,
+           (b_rms_weight, c_rms_weight, dt_rms_weight))
+    cfg = _Cfg()
+    cfg.dev = xz.device.type
+    # Under autocast the matmuls run in its dtype (as upstream casts the weights); explicit casts below, so
+    # autocast is off inside and the backward computes in the same dtypes without it.
+    cfg.mdt = _autocast_dtype(cfg.dev) or xz.dtype
+    given_xz = xz
+    if xz.stride(-1) != 1:
+        xz = xz.contiguous()
+    cfg.adt, cfg.dm = xz.dtype, xz.shape[1] // 2
+    cfg.rank, cfg.cplx = delta_proj_weight.shape[1], A.is_complex()
+    cfg.ds = A.shape[-1] * (2 if cfg.cplx else 1)
+    cfg.eps, cfg.softplus, cfg.lvl = float(b_c_dt_rms_eps), softplus, checkpoint_lvl
+    cfg.given_B, cfg.given_C = B is not None, C is not None
+    cfg.w_shape = conv1d_weight.shape
+    bt = xz.shape[0]
+    with _no_autocast(cfg.dev):
+        # conv, x_dbl and delta live as (rows, batch*L) matrices, as upstream keeps them: each projection is
+        # one GEMM with no layout copy, and the scan reads their (batch, rows, L) views (unit stride in L).
+        x, z = xz[:, :cfg.dm], xz[:, cfg.dm:]
+        cw = conv1d_weight.reshape(cfg.dm, -1)
+        conv, conv_ins = _conv_fwd(x, cw, conv1d_bias, True)
+        xw = _cast(x_proj_weight, cfg.mdt)
+        x_dbl = torch.matmul(xw, _cast(conv, cfg.mdt))  # (K, batch*L)
+        dtw = _cast(delta_proj_weight, cfg.mdt)
+        delta, _ = _delta(cfg, x_dbl, dtw, dt_rms_weight, bt)
+        x_dbl3 = _bdl(x_dbl, bt)
+        Bs, _ = _bc(cfg, x_dbl3, B, B_proj_bias, b_rms_weight, True)
+        Cs, _ = _bc(cfg, x_dbl3, C, C_proj_bias, c_rms_weight, False)
+        out_z = xz.new_empty((cfg.dm, conv.shape[1]))  # out_proj's operand: (batch*L, dim) transposed
+        Df, dbf = _cast(D, torch.float32), _cast(delta_bias, torch.float32)
+        u = _bdl(conv, bt)
+        out, _, states, scan_ins = _scan_fwd(u, delta, A, Bs, Cs, Df, z, dbf, cfg.softplus, _bdl(out_z, bt))
+        y = F.linear(_cast(out_z, cfg.mdt).t(), _cast(out_proj_weight, cfg.mdt), _cast(out_proj_bias, cfg.mdt))
+        y = y.view(bt, -1, y.shape[-1])
+    # The first call of a signature that needed no conversion (every tensor reached the library as given or as a
+    # view the general path makes) records a _LayerPlan for the later ones.
+    if (key is not None and given_xz is xz and cfg.mdt == cfg.adt and not cfg.cplx and xw is x_proj_weight
+            and dtw is delta_proj_weight and Df is D and dbf is delta_bias and conv_ins[0] is x and conv_ins[1] is cw
+            and conv_ins[2] is conv1d_bias and cw.data_ptr() == conv1d_weight.data_ptr() and scan_ins is not None
+            and all(a is b for a, b in zip(scan_ins, (u, delta, A, Bs, Cs, D, z, delta_bias)))
+            and delta._base is not None and delta._base.dim() == 2 and delta._base.data_ptr() == delta.data_ptr()
+            and xz.device.type in ("cpu", "cuda")):
+        _plan.cache("inner_fwd")[key] = _new_layer_plan(
+            xz, x, cw, conv1d_bias, conv, x_dbl, delta._base, cfg.rank, delta, A, Bs, Cs, D, z, delta_bias, out,
+            out_z, states, softplus, xz.get_device())
+    if ctx is not None:
+        keep = (conv, delta) if checkpoint_lvl == 0 else (None, None)
+        ctx.save_for_backward(xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
+                              out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, b_rms_weight,
+                              c_rms_weight, dt_rms_weight, states, out, *keep)
+        ctx.cfg = cfg
+    return y
+
+
 class MambaInnerFn(torch.autograd.Function):
     """mamba_ssm's MambaInnerFn: MambaInnerFn.apply(xz, conv1d_weight, conv1d_bias, x_proj_weight,
     delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias,
@@ -197,43 +411,9 @@ class MambaInnerFn(torch.autograd.Function):
                 out_proj_bias, A, B=None, C=None, D=None, delta_bias=None, B_proj_bias=None, C_proj_bias=None,
                 delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
                 b_c_dt_rms_eps=1e-6):
-        _check(xz, conv1d_weight, x_proj_weight, delta_proj_weight, A, B, C, checkpoint_lvl,
-               (b_rms_weight, c_rms_weight, dt_rms_weight))
-        cfg = _Cfg()
-        cfg.dev = xz.device.type
-        # Under autocast the matmuls run in its dtype (as upstream casts the weights); explicit casts below, so
-        # autocast is off inside and the backward computes in the same dtypes without it.
-        cfg.mdt = _autocast_dtype(cfg.dev) or xz.dtype
-        if xz.stride(-1) != 1:
-            xz = xz.contiguous()
-        cfg.adt, cfg.dm = xz.dtype, xz.shape[1] // 2
-        cfg.rank, cfg.cplx = delta_proj_weight.shape[1], A.is_complex()
-        cfg.ds = A.shape[-1] * (2 if cfg.cplx else 1)
-        cfg.eps, cfg.softplus, cfg.lvl = float(b_c_dt_rms_eps), bool(delta_softplus), checkpoint_lvl
-        cfg.given_B, cfg.given_C = B is not None, C is not None
-        cfg.w_shape = conv1d_weight.shape
-        bt = xz.shape[0]
-        with torch.autocast(cfg.dev, enabled=False):
-            # conv, x_dbl and delta live as (rows, batch*L) matrices, as upstream keeps them: each projection is
-            # one GEMM with no layout copy, and the scan reads their (batch, rows, L) views (unit stride in L).
-            x, z = xz[:, :cfg.dm], xz[:, cfg.dm:]
-            cw = conv1d_weight.reshape(cfg.dm, -1)
-            conv = _conv_fwd(x, cw, conv1d_bias)
-            x_dbl = torch.matmul(_cast(x_proj_weight, cfg.mdt), _cast(conv, cfg.mdt))  # (K, batch*L)
-            delta, _ = _delta(cfg, x_dbl, _cast(delta_proj_weight, cfg.mdt), dt_rms_weight, bt)
-            Bs, _ = _bc(cfg, _bdl(x_dbl, bt), B, B_proj_bias, b_rms_weight, True)
-            Cs, _ = _bc(cfg, _bdl(x_dbl, bt), C, C_proj_bias, c_rms_weight, False)
-            out_z = xz.new_empty((cfg.dm, conv.shape[1]))  # out_proj's operand: (batch*L, dim) transposed
-            out, _, states = _scan_fwd(_bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z,
-                                       _cast(delta_bias, torch.float32), cfg.softplus, _bdl(out_z, bt))
-            y = F.linear(_cast(out_z, cfg.mdt).t(), _cast(out_proj_weight, cfg.mdt), _cast(out_proj_bias, cfg.mdt))
-            y = y.view(bt, -1, y.shape[-1])
-        keep = (conv, delta) if checkpoint_lvl == 0 else (None, None)
-        ctx.save_for_backward(xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
-                              out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, b_rms_weight,
-                              c_rms_weight, dt_rms_weight, states, out, *keep)
-        ctx.cfg = cfg
-        return y
+        return _forward(ctx, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                        out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus,
+                        checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)
 
     @staticmethod
     def backward(ctx, dout):
@@ -245,7 +425,7 @@ class MambaInnerFn(torch.autograd.Function):
         det = torch.are_deterministic_algorithms_enabled()
         mdt, adt, dm, r = cfg.mdt, cfg.adt, cfg.dm, cfg.rank
         bt = xz.shape[0]
-        with torch.autocast(cfg.dev, enabled=False):
+        with _no_autocast(cfg.dev):
             x, z = xz[:, :dm], xz[:, dm:]
             xw, dtw, ow = (_cast(w, mdt) for w in (x_proj_weight, delta_proj_weight, out_proj_weight))
             if conv is None:
@@ -332,6 +512,13 @@ class MambaInnerFn(torch.autograd.Function):
                 m(d_dtrms, dt_rms_weight) if need[18] else None, None)
 
 
+def _wants_grad(*ts):
+    for t in ts:
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
+
+
 def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias,
                    A, B=None, C=None, D=None, delta_bias=None, B_proj_bias=None, C_proj_bias=None,
                    delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
@@ -342,6 +529,13 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     B / C given (not projected): (dim, dstate) or (batch, 1, dstate, seqlen); D, delta_bias (dim,);
     B_proj_bias / C_proj_bias (dstate,); b_rms_weight / c_rms_weight (dstate,), dt_rms_weight (dim,): RMS norms
     (eps b_c_dt_rms_eps) of B, C and delta before the scan. Returns (batch, seqlen, d_model). Differentiable."""
+    if not torch.is_grad_enabled() or not _wants_grad(
+            xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C,
+            D, delta_bias, B_proj_bias, C_proj_bias, b_rms_weight, c_rms_weight, dt_rms_weight):
+        if not _sst._is_compiling():  # no autograd node to make: the forward alone
+            return _forward(None, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                            out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus,
+                            checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)
     return MambaInnerFn.apply(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                               out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus,
                               checkpoint_lvl, b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps)

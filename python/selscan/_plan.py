@@ -89,11 +89,15 @@ class Plan:
             self.eq[_EX_WS_BYTES] = self.ws_bytes
         self.info = None
 
-    def caller(self, positions, ptr):
+    def caller(self, positions, ptr, offsets=None):
         """A function f(tensors, stream, workspace) that writes tensors[i]'s address (the expression `ptr` with
         {} standing for the tensor, e.g. "{}.data_ptr()") into the slot of the i-th present tensor, for i in
-        `positions`, then calls the library. Generated as straight-line code: per-call host time is the point."""
-        lines = [f"    q[{slot}] = {ptr.format(f'ts[{i}]')}" for slot, i in zip(self.slots, positions)]
+        `positions`, then calls the library. Generated as straight-line code: per-call host time is the point.
+        offsets: bytes added to each address (parallel to positions), so that a view at a fixed offset into a
+        tensor is passed as that tensor without making the view per call."""
+        offsets = offsets or (0,) * len(positions)
+        lines = [f"    q[{slot}] = {ptr.format(f'ts[{i}]')}" + (f" + {off}" if off else "")
+                 for slot, i, off in zip(self.slots, positions, offsets)]
         src = ("def call(ts, stream, workspace):\n" + "\n".join(lines) + "\n"
                f"    eq[{_EX_STREAM}] = stream\n    eq[{_EX_WS}] = workspace\n"
                "    status = fn(a, e)\n    if status:\n        fail(status)\n")

@@ -410,3 +410,41 @@ def test_layout_copies_and_fused_outputs(monkeypatch):
         dxz, dw, dow = torch.autograd.grad(out.float().sum(), [xz, li["x_proj_weight"], li["out_proj_weight"]])
     assert dxz.shape == xz.shape and torch.isfinite(dxz).all() and dw.abs().sum() > 0 and dow.abs().sum() > 0
     assert [s for _, s in copies] == [(2, 32, 24)], copies  # xz
+
+
+@pytest.mark.parametrize("act,L,lvl,bias", [(torch.float32, 20, 1, True), (torch.bfloat16, 20, 0, False),
+                                            (torch.float32, 2100, 1, True)])
+def test_plan_path_matches_general(monkeypatch, act, L, lvl, bias):
+    """A signature's second call runs through its layer plan (none of the general forward): the output and every
+    gradient bitwise equal to the general forward's, with and without a gradient."""
+    from selscan import _inner, _plan
+    t = make(torch.Generator().manual_seed(24), bt=2, dm=8, L=L, N=4, R=2, E=6)
+    li = lib_inputs(t, act)
+    for n in ("conv1d_weight", "conv1d_bias", "x_proj_weight", "delta_proj_weight", "out_proj_weight"):
+        li[n] = li[n].detach().to(act).requires_grad_(True)  # a model kept in `act`; out_proj_bias stays float32
+    if not bias:
+        li["conv1d_bias"] = None
+    names = [n for n in NAMES if li[n] is not None]
+
+    def run():
+        out = call(li, lvl=lvl)
+        grads = torch.autograd.grad(out.float().square().sum(), [li[n] for n in names])
+        with torch.no_grad():
+            plain = call(li, lvl=lvl)
+        return [out, plain] + list(grads)
+
+    fast = _inner._fast_forward
+    monkeypatch.setattr(_inner, "_fast_forward", lambda *a: None)
+    want = run()  # the general forward (whose scan and conv1d calls take their own plans)
+    monkeypatch.setattr(_inner, "_fast_forward", fast)
+    run()  # makes the layer plan
+    general = _inner._general_forward
+
+    def no_general(*a, **k):
+        raise AssertionError("the general forward ran")
+
+    monkeypatch.setattr(_inner, "_general_forward", no_general)
+    got = run()
+    monkeypatch.setattr(_inner, "_general_forward", general)
+    for what, g, w in zip(["out", "out (no grad)"] + [f"d{n}" for n in names], got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), what

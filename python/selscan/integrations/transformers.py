@@ -138,10 +138,7 @@ class _InProj(torch.autograd.Function):
     def forward(ctx, hidden2, weight, bias):
         ctx.save_for_backward(hidden2, weight)
         ctx.has_bias = bias is not None
-        xz = torch.matmul(weight, hidden2.t())
-        if bias is not None:
-            xz += bias[:, None]
-        return xz
+        return _in_proj(hidden2, weight, bias)
 
     @staticmethod
     def backward(ctx, g):
@@ -151,6 +148,13 @@ class _InProj(torch.autograd.Function):
         dw = torch.matmul(g, hidden2) if need[1] else None
         db = g.sum(1) if ctx.has_bias and need[2] else None
         return dh, dw, db
+
+
+def _in_proj(hidden2, weight, bias):
+    xz = torch.matmul(weight, hidden2.t())
+    if bias is not None:
+        xz += bias[:, None]
+    return xz
 
 
 def _plain_linear(m):
@@ -171,7 +175,12 @@ def _fused_forward(original):
                 or not _plain_linear(self.in_proj) or torch.is_autocast_enabled(hidden_states.device.type)):
             return original(self, hidden_states, cache, attention_mask, **kwargs)
         bt, L, _ = hidden_states.shape
-        xz = _InProj.apply(hidden_states.reshape(bt * L, -1), self.in_proj.weight, self.in_proj.bias)
+        hidden2, w, b = hidden_states.reshape(bt * L, -1), self.in_proj.weight, self.in_proj.bias
+        if torch.is_grad_enabled() and (hidden2.requires_grad or w.requires_grad
+                                        or (b is not None and b.requires_grad)):
+            xz = _InProj.apply(hidden2, w, b)
+        else:  # eval: no autograd node to make
+            xz = _in_proj(hidden2, w, b)
         projected_states = xz.view(xz.shape[0], bt, L).transpose(0, 1)
         out = mm.mamba_inner_fn(
             projected_states, self.conv1d.weight, self.conv1d.bias if self.use_conv_bias else None,
