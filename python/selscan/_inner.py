@@ -166,7 +166,7 @@ def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det, into):
     and the recomputed out_z = out * silu(z) written into `into` (du, ddelta, dz, out_z) where the fast path
     runs, else copied there."""
     ins = _sst._ready(u, delta, A, B, C, D, z, bias)
-    g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, separate=True, into=into)
+    g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, into=into)
     if g is None:
         g = _sst._bwd_impl(dy, *ins, x if x is not None else u.new_empty((0,)), out, softplus, det)
         g = [None if t is None else gi for gi, t in zip(g, ins)]

@@ -42,8 +42,7 @@ def _fwd_impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
 def _bwd_impl(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus, deterministic):
     g = None
     if _ITYPES.get(u.dtype) and _WTYPES.get(A.dtype):
-        g = _fast_bwd(dout, *_ready(u, delta, A, B, C, D, z, delta_bias), x, out, delta_softplus, deterministic,
-                      separate=True)
+        g = _fast_bwd(dout, *_ready(u, delta, A, B, C, D, z, delta_bias), x, out, delta_softplus, deterministic)
     if g is not None:
         return tuple(u.new_empty((0,)) if v is None else v for v in g)
     be = TorchBackend(u)
@@ -221,8 +220,26 @@ def _make_plan(kind, named, flags, dev):
     return plan
 
 
+def _allocator(shapes, like_dtype):
+    """A function f(u) -> [new tensors of `shapes` ((shape, dtype) or None) on u's device], as straight-line
+    code: per-call host time is the point. The dtype argument is left out where it is u's (`like_dtype`), which
+    saves the argument parser a keyword."""
+    scope, items = {}, []
+    for i, s in enumerate(shapes):
+        if s is None:
+            items.append("None")
+        elif s[1] == like_dtype:
+            items.append(f"u.new_empty({tuple(s[0])!r})")
+        else:
+            scope[f"dt{i}"] = s[1]
+            items.append(f"u.new_empty({tuple(s[0])!r}, dtype=dt{i})")
+    src = "def alloc(u):\n    return [" + ", ".join(items) + "]\n"
+    exec(compile(src, "<selscan allocator>", "exec"), scope)
+    return scope["alloc"]
+
+
 class _FwdPlan:
-    __slots__ = ("plan", "call", "rows", "casts", "shapes")
+    __slots__ = ("plan", "call", "rows", "casts", "shapes", "alloc")
 
 
 def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
@@ -236,27 +253,37 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, out_z=
     """((u, delta, A, B, C, D, z, bias) as the library read them, (out, out_z, x, last_state) with None for
     absent ones), or None when the general path must run. The first call of a signature makes its plan.
     out_z: where the library writes out * silu(z) (u's shape and dtype, unit stride in L), else a new tensor."""
+    fp = _fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, out_z)
+    return None if fp is None else _run_fwd(fp, u, delta, A, B, C, D, z, bias, out_z)
+
+
+def _fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, out_z=None):
+    """The forward plan of this call's signature (made at its first call), or None for the general path."""
     if not _plan.ENABLED or delta is None or A is None or B is None or C is None:
         return None
     if out_z is not None and (z is None or out_z.shape != u.shape or out_z.dtype != u.dtype):
         return None
-    dev = u.get_device()
-    key = _fwd_sig(u, delta, A, B, C, D, z, bias, (dev, softplus, want_x, want_last,
-                                                   None if out_z is None else out_z.stride()))
+    # The signature, spelled out (no helper call, optional tensors nested): it is built on every call.
+    key = (u.get_device(), softplus, want_x, want_last, None if out_z is None else out_z.stride(),
+           u.shape, u.stride(), u.dtype, delta.shape, delta.stride(), delta.dtype, A.shape, A.stride(), A.dtype,
+           B.shape, B.stride(), B.dtype, C.shape, C.stride(), C.dtype,
+           None if D is None else (D.shape, D.stride(), D.dtype), None if z is None else (z.shape, z.stride(), z.dtype),
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype))
     plans = _plan.cache("torch_fwd")
     fp = plans.get(key, False)
-    if fp is None:
-        return None
     if fp is False:
-        plans[key] = fp = _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, dev, out_z)
-        if fp is None:
-            return None
+        plans[key] = fp = _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, key[0], out_z)
+    return fp
+
+
+def _run_fwd(fp, u, delta, A, B, C, D, z, bias, out_z=None):
+    """One library forward through plan fp: (inputs as the library read them, outputs); see _fast_fwd."""
     ins = [u, delta, A, B, C, D, z, bias]
     for i in fp.rows:
         ins[i] = ins[i].contiguous()
     for i in fp.casts:
         ins[i] = ins[i].float()
-    outs = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in fp.shapes]
+    outs = fp.alloc(u)
     if out_z is not None:
         outs[1] = out_z
     if _backends.POISON:
@@ -264,6 +291,7 @@ def _fast_fwd(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, out_z=
             if t is not None:
                 t.fill_(float("nan"))
     ts = ins + outs
+    dev = u.get_device()
     if fp.plan.ws_bytes:
         ws = u.new_empty(fp.plan.ws_bytes, dtype=torch.uint8)
         fp.call(ts, _stream(dev), ws.data_ptr())
@@ -294,11 +322,13 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
         return None
     fp = _FwdPlan()
     fp.plan, fp.call, fp.rows, fp.casts, fp.shapes = plan, plan.info, rows, casts, shapes
+    # out_z is given by the caller where it is given at all: no allocation for it.
+    fp.alloc = _allocator(shapes if out_z is None else shapes[:1] + (None,) + shapes[2:], u.dtype)
     return fp
 
 
 class _BwdPlan:
-    __slots__ = ("plan", "call", "dout_rows", "io_shape", "io_n", "w_sizes", "bc", "shapes")
+    __slots__ = ("plan", "call", "dout_rows", "shapes", "alloc")
 
 
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
@@ -314,10 +344,10 @@ def _placed(grads, into):
     return grads + [into[3]]
 
 
-def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, separate=False, into=None):
+def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, into=None):
     """The eight gradients (None where the input is absent), or None when the general path must run. The
     inputs are what _fast_fwd returned (library-ready); x is read only when seqlen > 2048, out only with z.
-    Gradients share three allocations unless `separate` (custom-op outputs may not share storage).
+    Each gradient is its own tensor (custom-op outputs may not share storage).
     `into` (du, ddelta, dz, out_z): tensors the library writes instead of new ones, any unit-last-stride layout
     (None: allocated here); out_z, given only with z, is the recomputed out * silu(z), appended to the result.
     The fused layer uses it to write dz into its dxz and du / ddelta in the layout of its projections."""
@@ -340,16 +370,21 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
                                         into)
         if bp is None:
             return None
+    return _run_bwd(bp, dout, u, delta, A, B, C, D, z, bias, x, out, dev, into)
+
+
+def _run_bwd(bp, dout, u, delta, A, B, C, D, z, bias, x, out, dev, into=None):
+    """One library backward through plan bp: the eight gradients (None where absent; see _fast_bwd)."""
     if bp.dout_rows:
         dout = dout.contiguous()
     if into is not None:
         skip = {i for i, t in zip(_INTO_GRADS, into) if t is not None}
         grads = _placed([None if s is None or i in skip else u.new_empty(s[0], dtype=s[1])
                          for i, s in enumerate(bp.shapes)], into)
-    elif separate:
-        grads = [None if s is None else u.new_empty(s[0], dtype=s[1]) for s in bp.shapes]
     else:
-        grads = _shared_grads(bp, u, A, D, z, bias)
+        # One allocation per gradient: fewer torch calls than carving them out of shared buffers (measured:
+        # the views and slices cost more than the allocations they save), and no aliasing for custom-op outputs.
+        grads = bp.alloc(u)
     if _backends.POISON:
         for t in grads:
             if t is not None:
@@ -363,18 +398,6 @@ def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determinist
     return grads
 
 
-def _shared_grads(bp, u, A, D, z, bias):
-    """The eight gradients in three allocations instead of eight: the (B, D, L) ones, the float32 weights', and
-    variable dB/dC (None where the input is absent)."""
-    io = u.new_empty((bp.io_n,) + bp.io_shape).unbind(0)
-    w = u.new_empty(bp.w_sizes[-1], dtype=torch.float32)
-    dA = w[:bp.w_sizes[0]].view(A.dtype).view(A.shape)
-    dD = w[bp.w_sizes[0]:bp.w_sizes[1]] if D is not None else None
-    dbias = w[bp.w_sizes[1]:bp.w_sizes[2]] if bias is not None else None
-    dB, dC = bp.bc(u)
-    return [io[0], io[1], dA, dB, dC, dD, io[2] if z is not None else None, dbias]
-
-
 def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, dev, into=None):
     it, wt = _ITYPES.get(u.dtype), _WTYPES.get(A.dtype)
     if it is None or wt is None or u.device.type not in ("cpu", "cuda") or dout.shape != u.shape:
@@ -385,27 +408,12 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
     (dout,), dout_rows, _ = fixed
     bp = _BwdPlan()
     bp.dout_rows = bool(dout_rows)
-    bp.io_shape, bp.io_n = tuple(u.shape), 3 if z is not None else 2
-    dn = A.numel() * (2 if A.is_complex() else 1)
-    dm = u.shape[1]
-    bp.w_sizes = (dn, dn + (dm if D is not None else 0), dn + (dm if D is not None else 0) + (
-        dm if bias is not None else 0))
     var_b, var_c = B.dim() >= 3, C.dim() >= 3
-    if var_b and var_c and B.shape == C.shape:
-        pair = (2,) + tuple(B.shape)
-
-        def bc(u):
-            return u.new_empty(pair).unbind(0)
-    else:
-        shapes = [(tuple(t.shape), u.dtype if t.dim() >= 3 else A.dtype) for t in (B, C)]
-
-        def bc(u):
-            return tuple(u.new_empty(s, dtype=d) for s, d in shapes)
-    bp.bc = bc
     bp.shapes = [None if t is None else (tuple(t.shape), d) for t, d in (
         (u, u.dtype), (u, u.dtype), (A, A.dtype), (B, u.dtype if var_b else A.dtype), (C, u.dtype if var_c else A.dtype),
         (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
-    grads = _shared_grads(bp, u, A, D, z, bias)
+    bp.alloc = _allocator(bp.shapes, u.dtype)
+    grads = bp.alloc(u)
     names = _GRADS
     if into is not None:
         if (z is None) != (into[3] is None) or any(
@@ -426,15 +434,15 @@ class _ScanFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
-        r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK,
-                      return_last_state)
-        if r is None:
+        fp = _fwd_plan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK,
+                       return_last_state)
+        if fp is None:
             ins = _ready(u, delta, A, B, C, D, z, delta_bias)
             out, out_z, x, last = _fwd_impl(*ins, delta_softplus)
         else:
-            ins, (out, out_z, x, last) = r
+            ins, (out, out_z, x, last) = _run_fwd(fp, u, delta, A, B, C, D, z, delta_bias)
         ctx.save_for_backward(*ins, x, out if z is not None else None)
-        ctx.delta_softplus = delta_softplus
+        ctx.fp, ctx.delta_softplus = fp, delta_softplus
         # D and delta_bias are float32 in the library; models kept in bf16 hand them in bf16 (cast back below).
         ctx.in_dtypes = (None if D is None else D.dtype, None if delta_bias is None else delta_bias.dtype)
         y = out_z if z is not None else out
@@ -447,7 +455,20 @@ class _ScanFn(torch.autograd.Function):
     def backward(ctx, dy, *unused):
         u, delta, A, B, C, D, z, bias, x, out = ctx.saved_tensors
         det = torch.are_deterministic_algorithms_enabled()
-        g = _fast_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, ctx.delta_softplus, det)
+        fp, g = ctx.fp, None
+        if fp is not None and _plan.ENABLED:
+            # The saved tensors are the ones forward plan fp ran on, so fp stands for their whole signature: the
+            # backward's key adds only what varies, dy's layout (its shape is y's: autograd checks) and det.
+            key = (fp, dy.stride(), dy.dtype, det)
+            plans = _plan.cache("torch_bwd")
+            bp = plans.get(key, False)
+            if bp is False:
+                plans[key] = bp = _new_bwd_plan(dy, u, delta, A, B, C, D, z, bias, x, out, ctx.delta_softplus, det,
+                                                u.get_device())
+            if bp is not None:
+                g = _run_bwd(bp, dy, u, delta, A, B, C, D, z, bias, x, out, u.get_device())
+        if g is None:
+            g = _fast_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, ctx.delta_softplus, det)
         if g is None:
             g = _bwd_impl(dy, u, delta, A, B, C, D, z, bias, x if x is not None else u.new_empty((0,)),
                           out if out is not None else u, ctx.delta_softplus, det)

@@ -145,6 +145,56 @@ def test_torch_fast_path_matches_general_path(transposed, param_dtype):
         assert len(plans) == 1, f"{kind}: expected one reused plan, got {len(plans)}"
 
 
+@pytest.mark.parametrize("case", ["plain", "transposed", "no_z", "no_D_bias", "constant_BC", "long", "complex"])
+def test_torch_scan_plan_path_matches_general(monkeypatch, case):
+    """A signature's second call runs forward and backward through plans only (the general implementations and
+    the signature-keyed backward lookup forbidden): y, last_state and every gradient bitwise equal to the general
+    path's, for inputs that exercise each tensor's place (absent D / delta_bias / z, 2-D B/C, L past one chunk so
+    that the chunk states are read back, complex A, a dy whose last stride is not 1)."""
+    import selscan.torch as sst
+    L = 2100 if case == "long" else 40
+    ts = torch_case(31, L=L, N=3 if case == "long" else 5, Dm=4 if case == "long" else 6,
+                    transposed=case == "transposed", param_dtype=torch.bfloat16 if case == "transposed" else None)
+    u, delta, A, B, C, D, z, bias = ts
+    if case == "no_z":
+        z = None
+    if case == "no_D_bias":
+        D = bias = None
+    if case == "constant_BC":
+        B, C = B[0, :, 0].expand(u.shape[1], -1).contiguous() + 0.5, C[0, 0, :, 0].expand(u.shape[1], -1) * 0.7
+    if case == "complex":
+        A = torch.complex(A, 0.3 * torch.ones_like(A))
+        B = torch.randn(u.shape[0], 1, A.shape[1], 2 * L, generator=torch.Generator().manual_seed(3))
+        C = torch.randn(u.shape[0], A.shape[1], 2 * L, generator=torch.Generator().manual_seed(5))
+    ts = [None if t is None else t.detach().clone().requires_grad_(True) for t in (u, delta, A, B, C, D, z, bias)]
+    given = [t for t in ts if t is not None]
+    dy = torch.randn(u.shape[0], L, u.shape[1], generator=torch.Generator().manual_seed(4)).transpose(1, 2)
+
+    def run():
+        y, last = selective_scan_fn(*ts, delta_softplus=True, return_last_state=True)
+        return [y, last] + list(torch.autograd.grad(y, given, dy))
+
+    _plan.ENABLED = False
+    try:
+        want = run()
+    finally:
+        _plan.ENABLED = True
+    for kind in ("torch_fwd", "torch_bwd"):
+        _plan.cache(kind).clear()
+    run()  # makes the plans
+
+    def forbidden(*a, **k):
+        raise AssertionError("the general path ran")
+
+    for name in ("_fwd_impl", "_bwd_impl", "_fast_bwd", "_fast_fwd"):
+        monkeypatch.setattr(sst, name, forbidden)
+    got = run()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), i
+    for kind in ("torch_fwd", "torch_bwd"):
+        assert len([p for p in _plan.cache(kind).values() if p is not None]) == 1, kind
+
+
 def test_torch_missing_required_is_selscan_error():
     u, delta, A, B, C, D, z, bias = torch_case(11)
     for i, name in ((1, "delta"), (2, "A"), (3, "B"), (4, "C")):
