@@ -328,7 +328,7 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
 
 
 class _BwdPlan:
-    __slots__ = ("plan", "call", "dout_rows", "shapes", "alloc")
+    __slots__ = ("plan", "call", "dout_rows", "alloc")
 
 
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
@@ -377,14 +377,10 @@ def _run_bwd(bp, dout, u, delta, A, B, C, D, z, bias, x, out, dev, into=None):
     """One library backward through plan bp: the eight gradients (None where absent; see _fast_bwd)."""
     if bp.dout_rows:
         dout = dout.contiguous()
-    if into is not None:
-        skip = {i for i, t in zip(_INTO_GRADS, into) if t is not None}
-        grads = _placed([None if s is None or i in skip else u.new_empty(s[0], dtype=s[1])
-                         for i, s in enumerate(bp.shapes)], into)
-    else:
-        # One allocation per gradient: fewer torch calls than carving them out of shared buffers (measured:
-        # the views and slices cost more than the allocations they save), and no aliasing for custom-op outputs.
-        grads = bp.alloc(u)
+    # One allocation per gradient not written into `into` (which ones is part of the plan's signature): fewer
+    # torch calls than carving them out of shared buffers (measured: the views and slices cost more than the
+    # allocations they save), and no aliasing for custom-op outputs.
+    grads = bp.alloc(u) if into is None else _placed(bp.alloc(u), into)
     if _backends.POISON:
         for t in grads:
             if t is not None:
@@ -409,17 +405,20 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
     bp = _BwdPlan()
     bp.dout_rows = bool(dout_rows)
     var_b, var_c = B.dim() >= 3, C.dim() >= 3
-    bp.shapes = [None if t is None else (tuple(t.shape), d) for t, d in (
+    shapes = [None if t is None else (tuple(t.shape), d) for t, d in (
         (u, u.dtype), (u, u.dtype), (A, A.dtype), (B, u.dtype if var_b else A.dtype), (C, u.dtype if var_c else A.dtype),
         (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
-    bp.alloc = _allocator(bp.shapes, u.dtype)
-    grads = bp.alloc(u)
     names = _GRADS
     if into is not None:
         if (z is None) != (into[3] is None) or any(
                 t is not None and (t.shape != u.shape or t.dtype != u.dtype or t.device != u.device) for t in into):
             return None
-        grads, names = _placed(grads, into), _GRADS + ("out_z",)
+        skip = {i for i, t in zip(_INTO_GRADS, into) if t is not None}
+        bp.alloc = _allocator([None if i in skip else sh for i, sh in enumerate(shapes)], u.dtype)
+        grads, names = _placed(bp.alloc(u), into), _GRADS + ("out_z",)
+    else:
+        bp.alloc = _allocator(shapes, u.dtype)
+        grads = bp.alloc(u)
     named = (tuple(zip(_lib.BWD_INPUTS[:8], (u, delta, A, B, C, D, z, bias))) + (("dout", dout), ("x", x), ("out", out))
              + tuple(zip(names, grads)))
     plan = _make_plan("bwd", named, {"delta_softplus": softplus, "deterministic": deterministic}, dev)
