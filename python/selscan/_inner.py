@@ -162,18 +162,18 @@ def _scan_fwd(u, delta, A, B, C, D, z, bias, softplus, out_z):
 
 
 def _scan_bwd(dy, u, delta, A, B, C, D, z, bias, x, out, softplus, det, into):
-    """The library's (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, out_z), None where absent; du, ddelta, dz
-    and the recomputed out_z = out * silu(z) written into `into` (du, ddelta, dz, out_z) where the fast path
-    runs, else copied there."""
+    """The library's (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, out_z), None where absent; du, ddelta, dz,
+    dB, dC and the recomputed out_z = out * silu(z) written into `into` (du, ddelta, dz, dB, dC, out_z; dB / dC
+    may be None) where the fast path runs, else copied there."""
     ins = _sst._ready(u, delta, A, B, C, D, z, bias)
     g = _sst._fast_bwd(dy, *ins, x, out, softplus, det, into=into)
     if g is None:
         g = _sst._bwd_impl(dy, *ins, x if x is not None else u.new_empty((0,)), out, softplus, det)
         g = [None if t is None else gi for gi, t in zip(g, ins)]
         for i, t in zip(_sst._INTO_GRADS, into):
-            if g[i] is not None:
+            if g[i] is not None and t is not None:
                 g[i] = t.copy_(g[i])
-        g.append(None if z is None else into[3].copy_(out.float() * F.silu(z.float())))
+        g.append(None if z is None else into[5].copy_(out.float() * F.silu(z.float())))
     return list(g)
 
 
@@ -442,16 +442,26 @@ class MambaInnerFn(torch.autograd.Function):
             # read them without a copy) and recomputes out_z = out * silu(z) for out_proj's weight gradient.
             dxz = torch.empty_like(xz)
             du2, dd2, oz2 = (xz.new_empty((dm, dy.shape[0] * dy.shape[2])) for _ in range(3))
+            # dB / dC of projected B / C are written straight into their rows of x_dbl's gradient where nothing
+            # (norm, complex interleaving, a dtype cast) stands between the scan's gradient and those rows.
+            dx_dbl = torch.zeros_like(x_dbl)  # (K, batch*L)
+            dx_dbl3 = _bdl(dx_dbl, bt)
+            direct = not cfg.cplx and mdt == adt
+            put_b = (dx_dbl3[:, r:r + cfg.ds].unsqueeze(1) if direct and B is None and b_rms_weight is None
+                     else None)
+            lo_c = x_dbl.shape[0] - cfg.ds
+            put_c = (dx_dbl3[:, lo_c:lo_c + cfg.ds].unsqueeze(1) if direct and C is None and c_rms_weight is None
+                     else None)
             du, ddelta, dA, dB, dC, dD, dz, ddb, _ = _scan_bwd(
                 dy, _bdl(conv, bt), delta, A, Bs, Cs, _cast(D, torch.float32), z, _cast(delta_bias, torch.float32),
-                states, out, cfg.softplus, det, (_bdl(du2, bt), _bdl(dd2, bt), dxz[:, dm:], _bdl(oz2, bt)))
+                states, out, cfg.softplus, det,
+                (_bdl(du2, bt), _bdl(dd2, bt), dxz[:, dm:], put_b, put_c, _bdl(oz2, bt)))
             del dy, delta, Bs, Cs, dz, du, ddelta
             d_ow = torch.matmul(dout2.t(), _cast(oz2, mdt).t()) if need[5] else None
             del oz2
             d_ob = dout2.sum(0) if out_proj_bias is not None and need[6] else None
             del dout2
 
-            dx_dbl = torch.zeros_like(x_dbl)  # (K, batch*L)
             if dt_rms_weight is not None:
                 _, d_pre = _delta(cfg, x_dbl, dtw, dt_rms_weight, bt)
                 gd, d_dtrms = _rms_bwd(_bdl(dd2, bt), d_pre, dt_rms_weight, cfg.eps, 1)
@@ -468,9 +478,9 @@ class MambaInnerFn(torch.autograd.Function):
             del gd
 
             grads_bc = []
-            dx_dbl3 = _bdl(dx_dbl, bt)
-            for g, pre, given, rms_w, pbias, first in ((dB, B_pre, B, b_rms_weight, B_proj_bias, True),
-                                                        (dC, C_pre, C, c_rms_weight, C_proj_bias, False)):
+            for g, pre, given, rms_w, pbias, first, put in (
+                    (dB, B_pre, B, b_rms_weight, B_proj_bias, True, put_b),
+                    (dC, C_pre, C, c_rms_weight, C_proj_bias, False, put_c)):
                 d_rms = d_pbias = d_given = None
                 if given is not None:
                     if rms_w is not None:
@@ -484,8 +494,9 @@ class MambaInnerFn(torch.autograd.Function):
                         g, d_rms = _rms_bwd(g, pre, rms_w, cfg.eps, 1)
                     if pbias is not None:
                         d_pbias = g.float().sum((0, 2))
-                    lo = r if first else x_dbl.shape[0] - cfg.ds
-                    dx_dbl3[:, lo:lo + cfg.ds] += g.to(mdt)
+                    if put is None:  # else the scan wrote g there
+                        lo = r if first else lo_c
+                        dx_dbl3[:, lo:lo + cfg.ds] += g.to(mdt)
                 grads_bc.append((d_given, d_pbias, d_rms))
             del dB, dC, B_pre, C_pre
 

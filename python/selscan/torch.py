@@ -332,25 +332,26 @@ class _BwdPlan:
 
 
 _GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
-_INTO_GRADS = (0, 1, 6)  # where _fast_bwd's `into` du, ddelta and dz go among the gradients
+_INTO_GRADS = (0, 1, 6, 3, 4)  # where _fast_bwd's `into` du, ddelta, dz, dB and dC go among the gradients
 
 
 def _placed(grads, into):
-    """grads with into's du, ddelta and dz in their places (where given) and into's out_z appended."""
+    """grads with into's du, ddelta, dz, dB and dC in their places (where given) and into's out_z appended."""
     grads = list(grads)
     for i, t in zip(_INTO_GRADS, into):
         if t is not None:
             grads[i] = t
-    return grads + [into[3]]
+    return grads + [into[5]]
 
 
 def _fast_bwd(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, deterministic, into=None):
     """The eight gradients (None where the input is absent), or None when the general path must run. The
     inputs are what _fast_fwd returned (library-ready); x is read only when seqlen > 2048, out only with z.
     Each gradient is its own tensor (custom-op outputs may not share storage).
-    `into` (du, ddelta, dz, out_z): tensors the library writes instead of new ones, any unit-last-stride layout
-    (None: allocated here); out_z, given only with z, is the recomputed out * silu(z), appended to the result.
-    The fused layer uses it to write dz into its dxz and du / ddelta in the layout of its projections."""
+    `into` (du, ddelta, dz, dB, dC, out_z): tensors the library writes instead of new ones, any unit-last-stride
+    layout (None: allocated here; dB / dC only for variable B / C); out_z, given only with z, is the recomputed
+    out * silu(z), appended to the result. The fused layer uses it to write dz into its dxz, dB / dC into the
+    rows of its x_dbl gradient, and du / ddelta in the layout of its projections."""
     if not _plan.ENABLED:
         return None
     dev = u.get_device()
@@ -410,8 +411,10 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
         (D, torch.float32), (z, u.dtype), (bias, torch.float32))]
     names = _GRADS
     if into is not None:
-        if (z is None) != (into[3] is None) or any(
-                t is not None and (t.shape != u.shape or t.dtype != u.dtype or t.device != u.device) for t in into):
+        like = (u, u, u, B if B.dim() >= 3 else None, C if C.dim() >= 3 else None, u)
+        if (z is None) != (into[5] is None) or any(
+                t is not None and (w is None or t.shape != w.shape or t.dtype != u.dtype or t.device != u.device)
+                for t, w in zip(into, like)):
             return None
         skip = {i for i, t in zip(_INTO_GRADS, into) if t is not None}
         bp.alloc = _allocator([None if i in skip else sh for i, sh in enumerate(shapes)], u.dtype)
