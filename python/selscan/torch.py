@@ -239,7 +239,7 @@ def _allocator(shapes, like_dtype):
 
 
 class _FwdPlan:
-    __slots__ = ("plan", "call", "rows", "casts", "shapes", "alloc")
+    __slots__ = ("plan", "call", "rows", "casts", "alloc")
 
 
 def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
@@ -321,7 +321,7 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
     if plan is None:
         return None
     fp = _FwdPlan()
-    fp.plan, fp.call, fp.rows, fp.casts, fp.shapes = plan, plan.info, rows, casts, shapes
+    fp.plan, fp.call, fp.rows, fp.casts = plan, plan.info, rows, casts
     # out_z is given by the caller where it is given at all: no allocation for it.
     fp.alloc = _allocator(shapes if out_z is None else shapes[:1] + (None,) + shapes[2:], u.dtype)
     return fp
