@@ -7,8 +7,10 @@ cached call plan (selscan._decode); under torch.compile they go through the op. 
 (upstream's decode step has none either).
 
 The op library selscan_torch_ops (built with -DSELSCAN_TORCH_OPS=ON; torch >= 2.9) defines selscan::state_update,
-the same step in C++ on PyTorch's stable ABI; load_stable_ops() loads it. It is opt-in while its GPU host cost is
-unmeasured: with SELSCAN_TORCH_STABLE=1 at import, eager calls of selective_state_update go through it.
+the same step in C++ on PyTorch's stable ABI; load_stable_ops() loads it. Where it loads (beside libselscan, or
+$SELSCAN_TORCH_OPS_LIBRARY), eager calls of selective_state_update go through it: on the H200 host an eager step
+costs 13.6 µs that way against 24.3 through the binding (bench/bench_decode_host.py, run 60). SELSCAN_TORCH_STABLE=0
+at import keeps them on the binding; =1 also warns when the library does not load.
 """
 
 import os
@@ -64,7 +66,7 @@ else:  # torch too old for fake implementations: a plain function (no torch.comp
 STABLE_OPS_LIBRARY = "libselscan_torch_ops.so"
 stable_ops_path = None  # the op library loaded, once load_stable_ops() succeeded
 stable_ops_error = None  # why it could not be loaded, after a failed load_stable_ops()
-stable_ops_active = False  # whether eager selective_state_update calls go through it (SELSCAN_TORCH_STABLE=1)
+stable_ops_active = False  # whether eager selective_state_update calls go through it
 
 
 def _torch_at_least(major, minor):
@@ -124,11 +126,16 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
                        dst_state_batch_indices, out)
 
 
-if os.environ.get("SELSCAN_TORCH_STABLE") == "1":
+# The binding's eager call, whichever route selective_state_update takes below (tests of its per-signature steps
+# call it directly).
+selective_state_update_binding = selective_state_update
+
+_stable_choice = os.environ.get("SELSCAN_TORCH_STABLE", "")
+if _stable_choice != "0":
     _stable_op = load_stable_ops()
-    if _stable_op is None:
+    if _stable_op is None and _stable_choice == "1":
         warnings.warn(f"SELSCAN_TORCH_STABLE=1: selscan::state_update not used: {stable_ops_error}", stacklevel=2)
-    else:
+    elif _stable_op is not None:
         stable_ops_active = True
         _eager = selective_state_update
 

@@ -334,7 +334,8 @@ def test_torch_steps_follow_every_argument():
     argument (flags, pad value, a dtype, strides, presence, a given out) each match the reference; a given out is
     written in place and returned; a later argument of the wrong type still gets the general path's error."""
     from selscan import _decode
-    from selscan.torch import selective_state_update
+    # the binding's own eager call (with the op library present, selscan.torch's goes through the op)
+    from selscan._decode_torch import selective_state_update_binding as selective_state_update
     rng = np.random.default_rng(57)
     wide = torch.full((3, 2 * 8), 7.0)
     variants = [
@@ -387,7 +388,8 @@ def test_torch_steps_repeat_conversions(monkeypatch):
     after the first call of the signature no call plan is made again (the step converts them itself), and every
     call matches the reference computed from the same bf16 values."""
     from selscan import _plan
-    from selscan.torch import selective_state_update
+    # the binding's own eager call (with the op library present, selscan.torch's goes through the op)
+    from selscan._decode_torch import selective_state_update_binding as selective_state_update
     rng = np.random.default_rng(58)
     made = []
     real = _plan.Plan.__init__

@@ -151,9 +151,10 @@ def test_errors_name_the_argument():
         stable(**t)
 
 
-def test_opt_in_routes_eager_calls_through_the_op():
-    """SELSCAN_TORCH_STABLE=1 at import: selscan.torch.selective_state_update calls the op (bit-identical to the
-    binding's eager path); without it the binding's eager path stays."""
+def test_eager_calls_go_through_the_op_unless_opted_out():
+    """With the op library loadable, selscan.torch.selective_state_update calls the op (bit-identical to the
+    binding's eager path), also with SELSCAN_TORCH_STABLE=1; SELSCAN_TORCH_STABLE=0 at import keeps the binding's
+    eager path."""
     code = ("import torch, selscan.torch as st, selscan._decode_torch as d\n"
             "print(d.stable_ops_active)\n"
             "if d.stable_ops_active:\n"
@@ -165,11 +166,11 @@ def test_opt_in_routes_eager_calls_through_the_op():
             "    o1 = st.selective_state_update(s1, x, dt, A, B, C, z=z, dt_softplus=True)\n"
             "    o2 = d._eager(s2, x, dt, A, B, C, z=z, dt_softplus=True)\n"
             "    print(torch.equal(o1, o2) and torch.equal(s1, s2))\n")
-    env = dict(os.environ, SELSCAN_TORCH_STABLE="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "True"]
-    env.pop("SELSCAN_TORCH_STABLE")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False"]
+    env = dict(os.environ)
+    for choice, expected in ((None, ["True", "True"]), ("1", ["True", "True"]), ("0", ["False"])):
+        env.pop("SELSCAN_TORCH_STABLE", None)
+        if choice is not None:
+            env["SELSCAN_TORCH_STABLE"] = choice
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == expected, (choice, r.stdout)
