@@ -14,8 +14,9 @@
 #      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
 #      seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
 #      test (*GpuStateUpdate*: the 232-entry Matrix/ too), without LongSequencesConditionReport (float64 work on the
-#      host). synccheck (120 s): the same but the decode matrix and the general kernel's two large decode shapes
-#      (the smaller named decode tests take the same barriers). SANITIZERS picks tools (default all four).
+#      host). synccheck (120 s): the same but the decode matrix, the tests forcing every decode kernel over it or
+#      over Mamba-2's pool shape, and the general kernel's two large shapes (the smaller named decode tests take the
+#      same barriers and kernels). SANITIZERS picks tools (default all four).
 #      racecheck, the slowest tool (60 s): one test per kernel (serving forward and backward, block-state forward,
 #      the decode step in place and with destinations, one and several tokens). A tool that reaches its cap reports
 #      rc=124 with the tests it finished: raise the caps with SANITIZE_TIMEOUT (seconds, every tool).
@@ -108,6 +109,9 @@ if want sanitize; then
     # tool; the smaller named tests take the same barriers), the lean kernel's pool shape kept
     named='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
     named+=':GpuStateUpdateShapes.Mamba2HeadsShape:GpuStateUpdateDst.Mamba2HeadsShapeAtWidth'
+    # and the tests that force every decode kernel over many cases (the matrix, Mamba-2's pool shape): one small-grid
+    # test per form stays (Mamba-1 and Mamba-2 at Bt 1 and 2, every kernel forced)
+    named+=':GpuStateUpdate.EveryKernelForcedMatchesTheOracle:GpuStateUpdateShapes.Mamba2LeanKernelWithAPool'
     one_each='GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.BadEntriesGiveNaNAndTouchNoSlot'
     one_each+=':GpuStateUpdateDst.MatchesTheCpuPath:GpuStateUpdateShapes.Mamba2HeadsShape'
     one_each+=':*GpuStateUpdate.MatchesTheOracle/mamba1_xfp32_statefp32'
