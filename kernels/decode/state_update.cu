@@ -275,20 +275,29 @@ constexpr int kLeanMinBlocks = kLeanAsk<S> < kSmBlocks ? kLeanAsk<S> : kSmBlocks
 template <typename S>
 constexpr int kStateVecs = static_cast<int>(sizeof(S)) * kLeanStates / 16;
 
+// A lean-family thread's lane and channel. Threads past the last channel still take part in the shuffles (every
+// lane of a warp must), on a copy of the last channel (live false: they store nothing).
+struct LaneChannel {
+  unsigned lane, c;
+  bool live;
+};
+__device__ __forceinline__ LaneChannel lane_channel(const StateUpdate& p, const StateUpdatePlan& plan) {
+  const unsigned channels = static_cast<unsigned>(p.heads) * static_cast<unsigned>(p.headdim);
+  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
+  const unsigned c = gtid >> plan.lane_bits;
+  const bool live = c < channels;
+  return {gtid & (plan.lanes - 1), live ? c : channels - 1, live};
+}
+
 template <typename S, bool kAConst>
 __global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S>) state_update_lean(const StateUpdate p,
                                                                                 const StateUpdatePlan plan) {
   constexpr int L = kLeanStates;
   constexpr int V = kStateVecs<S>;
   const unsigned P = static_cast<unsigned>(p.headdim);
-  const unsigned channels = static_cast<unsigned>(p.heads) * P;
-  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
-  const unsigned lane = gtid & (plan.lanes - 1);
-  unsigned c = gtid >> plan.lane_bits;
-  // Threads past the last channel still take part in the shuffles (every lane of a warp must), on a copy of the
-  // last channel, and store nothing.
-  const bool live = c < channels;
-  if (!live) c = channels - 1;
+  const LaneChannel lc = lane_channel(p, plan);
+  const unsigned lane = lc.lane, c = lc.c;
+  const bool live = lc.live;
   const unsigned h = c / P, pp = c - h * P;
   const unsigned n0 = lane * L;
   const bool writer = live && lane == 0;
@@ -467,14 +476,9 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
   constexpr int WS = L * static_cast<int>(sizeof(S)) / 4;  // words of a lane's state
   constexpr int WH = L / 2;                                 // words of a lane's 16-bit B or C
   const unsigned P = static_cast<unsigned>(p.headdim);
-  const unsigned channels = static_cast<unsigned>(p.heads) * P;
-  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
-  const unsigned lane = gtid & (plan.lanes - 1);
-  unsigned c = gtid >> plan.lane_bits;
-  // Threads past the last channel still take part in the shuffles (every lane of a warp must), on a copy of the
-  // last channel, and store nothing.
-  const bool live = c < channels;
-  if (!live) c = channels - 1;
+  const LaneChannel lc = lane_channel(p, plan);
+  const unsigned lane = lc.lane, c = lc.c;
+  const bool live = lc.live;
   const unsigned h = fast_div(c, plan.p_mul, plan.p_shift);
   const unsigned pp = c - h * P;
   const unsigned g = fast_div(h, plan.g_mul, plan.g_shift);
