@@ -209,9 +209,20 @@ class _LayerPlan:
     """The fused forward of one call signature (the common case: real A, B and C projected, no norms or
     projection biases, no autocast, no conversions): the conv1d and scan call plans taking xz, x_dbl and the
     weights' own addresses (the views the general path makes sit at fixed byte offsets into them), and the
-    layouts the plans were made for."""
+    layouts the plans were made for; and the backward's configuration per checkpoint level (everything in it but
+    the level follows from the signature)."""
 
-    __slots__ = ("conv", "scan", "ws", "dm", "rank", "states", "xdbl_stride", "d_stride", "softplus")
+    __slots__ = ("conv", "scan", "ws", "dm", "rank", "states", "xdbl_stride", "d_stride", "cfgs")
+
+
+def _cfg_at(cfg, lvl):
+    """A copy of cfg at checkpoint level lvl."""
+    c = _Cfg()
+    for name in _Cfg.__slots__:
+        if hasattr(cfg, name):
+            setattr(c, name, getattr(cfg, name))
+    c.lvl = lvl
+    return c
 
 
 def _layer_key(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, A, D, delta_bias, softplus):
@@ -225,8 +236,8 @@ def _tsig(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
-def _new_layer_plan(xz, x, cw, conv1d_bias, conv, x_dbl, d, rank, delta, A, Bs, Cs, D, z, delta_bias, out,
-                    out_z, states, softplus, dev):
+def _new_layer_plan(cfg, xz, x, cw, conv1d_bias, conv, x_dbl, d, delta, A, Bs, Cs, D, z, delta_bias, out, out_z,
+                    states, dev):
     """A _LayerPlan from the general path's first call of a signature (its tensors as the library read them),
     or None where a plan cannot express the call."""
     kd = _lib.DEVICE_CUDA if dev >= 0 else _lib.DEVICE_CPU
@@ -257,13 +268,13 @@ def _new_layer_plan(xz, x, cw, conv1d_bias, conv, x_dbl, d, rank, delta, A, Bs, 
               for n, v in named if v is not None}
     try:
         splan = _plan.Plan("fwd", sspecs, [v.data_ptr() for _, v in named if v is not None],
-                           {"delta_softplus": softplus}, kd, max(dev, 0), 0)
+                           {"delta_softplus": cfg.softplus}, kd, max(dev, 0), 0)
     except SelscanError:
         return None
     present = [i for i, (_, v) in enumerate(named) if v is not None]
     offsets = [views[i].data_ptr() - base[i].data_ptr() for i in present]
     lp.scan, lp.ws = splan.caller(present, _plan.PTR_TORCH, offsets), splan.ws_bytes
-    lp.dm, lp.rank, lp.softplus = xz.shape[1] // 2, rank, softplus
+    lp.dm, lp.rank, lp.cfgs = cfg.dm, cfg.rank, (_cfg_at(cfg, 0), _cfg_at(cfg, 1))
     lp.states = None if states is None else (tuple(states.shape), states.dtype)
     lp.xdbl_stride, lp.d_stride = x_dbl.stride(), d.stride()
     return lp
@@ -331,14 +342,7 @@ def _fast_forward(ctx, lp, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_
         ctx.save_for_backward(xz, conv1d_weight.reshape(dm, -1), conv1d_bias, x_dbl, x_proj_weight,
                               delta_proj_weight, out_proj_weight, out_proj_bias, A, None, None, D, delta_bias, None,
                               None, None, None, None, states, out, *keep)
-        cfg = _Cfg()
-        cfg.dev = "cuda" if dev >= 0 else "cpu"
-        cfg.mdt = cfg.adt = xz.dtype
-        cfg.dm, cfg.rank, cfg.cplx, cfg.ds = dm, rank, False, A.shape[-1]
-        cfg.eps, cfg.softplus, cfg.lvl = 0.0, lp.softplus, lvl  # eps: read only with RMS norms
-        cfg.given_B = cfg.given_C = False
-        cfg.w_shape = conv1d_weight.shape
-        ctx.cfg = cfg
+        ctx.cfg = lp.cfgs[lvl]  # the backward only reads it
     return y
 
 
@@ -390,8 +394,8 @@ def _general_forward(ctx, key, xz, conv1d_weight, conv1d_bias, x_proj_weight, de
             and delta._base is not None and delta._base.dim() == 2 and delta._base.data_ptr() == delta.data_ptr()
             and xz.device.type in ("cpu", "cuda")):
         _plan.cache("inner_fwd")[key] = _new_layer_plan(
-            xz, x, cw, conv1d_bias, conv, x_dbl, delta._base, cfg.rank, delta, A, Bs, Cs, D, z, delta_bias, out,
-            out_z, states, softplus, xz.get_device())
+            cfg, xz, x, cw, conv1d_bias, conv, x_dbl, delta._base, delta, A, Bs, Cs, D, z, delta_bias, out, out_z,
+            states, xz.get_device())
     if ctx is not None:
         keep = (conv, delta) if checkpoint_lvl == 0 else (None, None)
         ctx.save_for_backward(xz, cw, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
