@@ -467,12 +467,12 @@ bool lane_vec_ok(const void* base, Dtype t, int64_t dstate, int states, int64_t 
   return true;
 }
 
-// The lean kernel's plan, when the call is its case (see StateUpdatePlan); false otherwise.
-bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan) {
+// The lean kernel's plan, when the call is its case (see StateUpdatePlan), with `states` states a lane (kSmall's 4
+// too); false otherwise.
+bool plan_lean(const StateUpdate& p, StateUpdatePlan* plan, int states = StateUpdatePlan::kLeanStates) {
   // Every state dtype: with 8 states (32 bytes of fp32, 16 of 16-bit) a lane the lean kernel beat the general one
   // on every measured decode cell, fp32 state included (run 53, H200, Mamba-2 Bt 64: 89 us against 134; 91% of the
   // copy floor; validation/optimisation-log.md).
-  const int states = StateUpdatePlan::kLeanStates;
   // One sequence a block row: grid.y's limit bounds the batch (larger batches loop in the general kernel).
   if (p.tokens != 1 || p.batch > 65535 || p.dstate % states != 0) return false;
   // A lane's B and C in one 16-byte load: 16-bit B and C only.
@@ -524,17 +524,7 @@ bool plan_small(const StateUpdate& p, int states, StateUpdatePlan* plan) {
       offsets_fit_u32({{H, p.sstate[1]}, {P, p.sstate[2]}, {N, p.sstate[3]}});
   if (!fits) return false;
   StateUpdatePlan q = *plan;
-  if (states != StateUpdatePlan::kLeanStates) {
-    const int64_t lanes = N / states;
-    if (N % states != 0 || lanes > 32 || (lanes & (lanes - 1)) != 0) return false;
-    if (!lane_vec_ok(p.state, p.state_t, N, states, p.sstate[3], p.sstate, 3) ||
-        !lane_vec_ok(p.B, p.B_t, N, states, p.sB[3], p.sB, 3) || !lane_vec_ok(p.C, p.C_t, N, states, p.sC[3], p.sC, 3))
-      return false;
-    if (!q.a_const && !lane_vec_ok(p.A, Dtype::f32, N, states, p.sA[2], p.sA, 2)) return false;
-    q.lanes = static_cast<int>(lanes);
-    q.lane_bits = 0;
-    while ((1 << q.lane_bits) < lanes) ++q.lane_bits;
-  }
+  if (states != StateUpdatePlan::kLeanStates && !plan_lean(p, &q, states)) return false;
   q.kernel = StateUpdatePlan::kSmall;
   q.small_states = states;
   fast_divisor(static_cast<uint32_t>(P), &q.p_mul, &q.p_shift);
