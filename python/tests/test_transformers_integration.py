@@ -303,6 +303,39 @@ def test_fused_forward_makes_xz_without_layout_copies(monkeypatch):
     assert copies == [], copies
 
 
+@pytest.mark.parametrize("names", [("cache_params", "attention_mask"), ("cache", "attention_mask"),
+                                   ("cache_params", "cache_position", "attention_mask")])
+def test_fused_forward_passes_any_release_s_argument_names_through(names, calls):
+    """The mixer's arguments after hidden_states are named per release (cache_params up to 5.23, cache from 5.24,
+    cache_position before 5.5): whatever the caller names them, all None takes the fused layer, and any set one
+    reaches the model's forward as given, by name or by position."""
+    model = _mamba(seed=10).eval()
+    mixer = model.backbone.layers[0].mixer
+    seen = []
+
+    def original(self, hidden_states, *args, **kwargs):  # a stand-in for that release's MambaMixer.forward
+        seen.append((args, kwargs))
+        return hidden_states[..., :self.out_proj.out_features]
+
+    wrapped = sst._fused_forward(original)
+    x = torch.randn(2, 7, model.config.hidden_size)
+    sst.enable()
+    with torch.no_grad():
+        out = wrapped(mixer, x, **dict.fromkeys(names))
+    assert seen == [] and calls["mamba_inner_fn"] == 1 and out.shape == x.shape, (seen, calls)
+    marker = object()
+    for i, name in enumerate(names):
+        kw = dict.fromkeys(names)
+        kw[name] = marker
+        wrapped(mixer, x, **kw)
+        assert seen[-1] == ((), kw), (name, seen[-1])
+        pos = [None] * len(names)
+        pos[i] = marker
+        wrapped(mixer, x, *pos)
+        assert seen[-1] == (tuple(pos), {}), (name, seen[-1])
+    assert calls["mamba_inner_fn"] == 1, calls
+
+
 def test_hooked_or_adapted_in_proj_keeps_the_model_s_forward(calls):
     """An in_proj with a forward hook (or any nn.Linear subclass, as LoRA adapters install) is called as the
     model calls it: the hook runs, and the step still goes through selscan's fused layer."""

@@ -5,7 +5,7 @@
     ...
     sst.disable()     # transformers' own functions again
 
-How: transformers >= 5 (tested: 5.24) has its mixers call five module-level functions of
+How: transformers >= 5 (tested: 5.23, 5.24) has its mixers call five module-level functions of
 transformers.models.mamba.modeling_mamba (and modeling_falcon_mamba), each bound once at import to mamba_ssm's /
 causal-conv1d's implementation when those packages import, else to a pure-PyTorch fallback (and, with the `kernels`
 package, to a hub kernel): mamba_inner_fn (the fused training path; the fallback returns None, which sends the
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 __all__ = ["enable", "disable", "is_enabled", "SUPPORTED", "TESTED_VERSIONS"]
 
-TESTED_VERSIONS = ("5.24.0",)
+TESTED_VERSIONS = ("5.23.0", "5.24.0")
 
 # module -> the mixer class whose forward must read the names below from the module's globals
 SUPPORTED = {
@@ -169,11 +169,15 @@ def _fused_forward(original):
     from _InProj; everything else to `original`."""
     import transformers.models.mamba.modeling_mamba as mm
 
-    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-        if (cache is not None or attention_mask is not None or kwargs or hidden_states.dim() != 3
-                or hidden_states.device.type not in _SERVED or getattr(self, "_hf_hook", None) is not None
-                or not _plain_linear(self.in_proj) or torch.is_autocast_enabled(hidden_states.device.type)):
-            return original(self, hidden_states, cache, attention_mask, **kwargs)
+    # The mixer's other arguments are named differently across transformers releases (cache_params up to 5.23,
+    # cache from 5.24, cache_position before 5.5), so they pass through untouched, by position or by name: a call
+    # whose every one of them is None has no cache and no mask.
+    def forward(self, hidden_states, *args, **kwargs):
+        if (any(a is not None for a in args) or any(v is not None for v in kwargs.values())
+                or hidden_states.dim() != 3 or hidden_states.device.type not in _SERVED
+                or getattr(self, "_hf_hook", None) is not None or not _plain_linear(self.in_proj)
+                or torch.is_autocast_enabled(hidden_states.device.type)):
+            return original(self, hidden_states, *args, **kwargs)
         bt, L, _ = hidden_states.shape
         hidden2, w, b = hidden_states.reshape(bt * L, -1), self.in_proj.weight, self.in_proj.bias
         if torch.is_grad_enabled() and (hidden2.requires_grad or w.requires_grad
@@ -188,7 +192,7 @@ def _fused_forward(original):
             self.out_proj.bias.float() if self.use_bias else None, -torch.exp(self.A_log.float()), None, None,
             self.D.float(), delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
         if out is None:  # an adapter that declines
-            return original(self, hidden_states, cache, attention_mask, **kwargs)
+            return original(self, hidden_states, *args, **kwargs)
         return out
 
     forward.__wrapped__ = original
