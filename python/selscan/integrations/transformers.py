@@ -5,7 +5,7 @@
     ...
     sst.disable()     # transformers' own functions again
 
-How: transformers >= 5 (tested: 5.23, 5.24) has its mixers call five module-level functions of
+How: transformers >= 5 (tested: 5.17, 5.23, 5.24) has its mixers call five module-level functions of
 transformers.models.mamba.modeling_mamba (and modeling_falcon_mamba), each bound once at import to mamba_ssm's /
 causal-conv1d's implementation when those packages import, else to a pure-PyTorch fallback (and, with the `kernels`
 package, to a hub kernel): mamba_inner_fn (the fused training path; the fallback returns None, which sends the
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 __all__ = ["enable", "disable", "is_enabled", "SUPPORTED", "TESTED_VERSIONS"]
 
-TESTED_VERSIONS = ("5.23.0", "5.24.0")
+TESTED_VERSIONS = ("5.17.0", "5.23.0", "5.24.0")
 
 # module -> the mixer class whose forward must read the names below from the module's globals
 SUPPORTED = {
