@@ -6,10 +6,14 @@
 For each shape (bf16 inputs, fp32 weights, variable B/C, D, z, delta_bias, softplus, as issue #12's table):
   host fwd   the CPU time of one selscan.torch.selective_scan_fn call (inputs requiring grad) while the GPU is
              kept busy by a long kernel queued first, so only the Python and C host work is seen
+  host inf   the same for one forward without a gradient (inputs not requiring grad, under torch.no_grad())
   host bwd   the same for one torch.autograd.grad over the eight inputs
   latency    one training forward on an idle GPU: CUDA events around the call (host work and kernel together)
   loop       back-to-back forward calls and forward+grad calls: GPU time per call (events around the loop);
              compare with the C benchmark (selscan_bench) rows of the same shapes
+Where the op library selscan_torch_ops loads (built with -DSELSCAN_TORCH_OPS=ON, beside libselscan), the row
+`selscan` is the forward through its op selscan::scan_fwd and the row `selscan-ctypes` the same calls through the
+ctypes route (the op set aside for the call); SELSCAN_TORCH_STABLE=0 leaves only the ctypes route (row `selscan`).
 Upstream's selective_scan_cuda, when importable, is timed through the same autograd path (a thin
 autograd.Function calling its fwd/bwd as mamba_ssm's SelectiveScanFn does). The numpy (CPU path) and CuPy rows
 time a forward on a small shape: numpy reports the call minus the bare library call on the same arrays.
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 
 import selscan
+import selscan.torch as st
 from selscan import _plan
 from selscan.torch import selective_scan_fn
 from upstream_scan import upstream_fn
@@ -38,6 +43,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def ours(u, delta, A, B, C, D, z, bias, softplus):
     return selective_scan_fn(u, delta, A, B, C, D, z, bias, softplus)
+
+
+def ours_ctypes(u, delta, A, B, C, D, z, bias, softplus):
+    """The forward through the ctypes route: selscan.torch without its op (the backward takes the same route
+    either way)."""
+    op, st._scan_op = st._scan_op, None
+    try:
+        return selective_scan_fn(u, delta, A, B, C, D, z, bias, softplus)
+    finally:
+        st._scan_op = op
 
 
 def make(shape, dtype, grad=True, seed=0):
@@ -59,8 +74,10 @@ def busy(ms):
 
 
 def host_times(fn, args, calls, reps):
-    """Median per-call host time of fn(*args) (forward) and of autograd.grad over its result (backward)."""
-    fwd, bwd = [], []
+    """Median per-call host times of fn(*args) (forward), of the same without a gradient, and of autograd.grad
+    over its result (backward)."""
+    fwd, inf, bwd = [], [], []
+    plain = [t.detach() for t in args]
     for _ in range(reps):
         torch.cuda.synchronize()
         busy(400)
@@ -75,7 +92,14 @@ def host_times(fn, args, calls, reps):
             t += time.perf_counter() - t0
         bwd.append(t / calls)
         torch.cuda.synchronize()
-    return statistics.median(fwd) * 1e3, statistics.median(bwd) * 1e3
+        busy(400)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            ys = [fn(*plain, True) for _ in range(calls)]  # kept, as the forward's: no block reused mid-loop
+            inf.append((time.perf_counter() - t0) / calls)
+        del ys
+        torch.cuda.synchronize()
+    return statistics.median(fwd) * 1e3, statistics.median(inf) * 1e3, statistics.median(bwd) * 1e3
 
 
 def latency(fn, args, reps):
@@ -183,36 +207,44 @@ def main():
     CLOCK_HZ = torch.cuda.get_device_properties(0).clock_rate * 1e3 if hasattr(
         torch.cuda.get_device_properties(0), "clock_rate") else 1.98e9
     impls = {"selscan": ours}
+    if st._scan_op is not None:
+        impls["selscan-ctypes"] = ours_ctypes
     up = None if args.no_upstream else upstream_fn()
     if up is not None:
         impls["upstream"] = up
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; {selscan.build_info()}; "
-          f"upstream {'timed' if up else 'not importable'}")
+          f"upstream {'timed' if up else 'not importable'}; scan forward through "
+          f"{'selscan::scan_fwd (row selscan; selscan-ctypes: the ctypes route)' if st._scan_op else 'ctypes'}")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": selscan.build_info(),
                "host": [], "loop": [], "xp": {}}
     if args.rows in ("host", "all"):
-        print(f"{'shape':>16} {'impl':>9} {'host fwd ms':>12} {'host bwd ms':>12} {'latency ms':>11}")
+        print(f"{'shape':>16} {'impl':>14} {'host fwd ms':>12} {'host inf ms':>12} {'host bwd ms':>12} "
+              f"{'latency ms':>11}")
         for shape in HOST_SHAPES:
             for name, fn in impls.items():
                 ts = make(shape, torch.bfloat16)
                 fn(*ts, True)  # plans, allocator, lazy module loads
-                hf, hb = host_times(fn, ts, 20 if shape[0] * shape[1] * shape[2] > 2**22 else 50, args.reps)
+                with torch.no_grad():
+                    fn(*[t.detach() for t in ts], True)  # the no-grad route's first call
+                hf, hi, hb = host_times(fn, ts, 20 if shape[0] * shape[1] * shape[2] > 2**22 else 50, args.reps)
                 lat = latency(fn, ts, 3 * args.reps)  # a training forward, as the host rows
                 row = {"shape": "x".join(map(str, shape[:3])) + f":{shape[3]}", "impl": name, "host_fwd_ms": hf,
-                       "host_bwd_ms": hb, "latency_fwd_ms": lat}
+                       "host_inf_ms": hi, "host_bwd_ms": hb, "latency_fwd_ms": lat}
                 results["host"].append(row)
-                print(f"{row['shape']:>16} {name:>9} {hf:12.4f} {hb:12.4f} {lat:11.4f}")
+                print(f"{row['shape']:>16} {name:>14} {hf:12.4f} {hi:12.4f} {hb:12.4f} {lat:11.4f}")
     if args.rows in ("loop", "all"):
-        print(f"{'shape':>16} {'dtype':>5} {'impl':>9} {'loop fwd ms':>12} {'loop fwd+bwd ms':>16}")
+        print(f"{'shape':>16} {'dtype':>5} {'impl':>14} {'loop fwd ms':>12} {'loop fwd+bwd ms':>16}")
         for *shape, dt in LOOP_SHAPES:
             for name, fn in impls.items():
+                if name == "selscan-ctypes":
+                    continue  # GPU time per call: the same kernels as row selscan
                 ts = make(tuple(shape), DTYPES[dt])
                 fn(*ts, True)
                 f, fb = loop_times(fn, ts, 10 if shape[2] < 65536 else 3, 5)
                 row = {"shape": "x".join(map(str, shape[:3])) + f":{shape[3]}", "dtype": dt, "impl": name,
                        "loop_fwd_ms": f, "loop_fwd_bwd_ms": fb, "loop_bwd_ms": fb - f}
                 results["loop"].append(row)
-                print(f"{row['shape']:>16} {dt:>5} {name:>9} {f:12.4f} {fb:16.4f}")
+                print(f"{row['shape']:>16} {dt:>5} {name:>14} {f:12.4f} {fb:16.4f}")
                 del ts
                 torch.cuda.empty_cache()
     if args.rows in ("xp", "all"):

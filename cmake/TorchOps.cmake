@@ -1,5 +1,5 @@
-# selscan_torch_ops (SELSCAN_TORCH_OPS, OFF by default): the decode step as a torch op built against PyTorch's
-# stable ABI (src/torch_ops/stable_ops.cpp), loaded by selscan.torch with torch.ops.load_library.
+# selscan_torch_ops (SELSCAN_TORCH_OPS, OFF by default): the decode step and the scan's forward as torch ops built
+# against PyTorch's stable ABI (src/torch_ops/stable_ops.cpp), loaded by selscan.torch with torch.ops.load_library.
 #
 # It does not link libpython, and it names libtorch.so only by its soname (DT_NEEDED, no RUNPATH to torch): the
 # loader then takes the libtorch already loaded in the process. The NEEDED entry is needed because Python imports

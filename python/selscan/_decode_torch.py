@@ -7,7 +7,8 @@ cached call plan (selscan._decode); under torch.compile they go through the op. 
 (upstream's decode step has none either).
 
 The op library selscan_torch_ops (built with -DSELSCAN_TORCH_OPS=ON; torch >= 2.9) defines selscan::state_update,
-the same step in C++ on PyTorch's stable ABI; load_stable_ops() loads it. Where it loads (beside libselscan, or
+the same step in C++ on PyTorch's stable ABI (and selscan::scan_fwd, which selscan.torch's scan forward takes when
+this module found the library); load_stable_ops() loads it. Where it loads (beside libselscan, or
 $SELSCAN_TORCH_OPS_LIBRARY), eager calls of selective_state_update go through it: on the H200 host an eager step
 costs 13.6 µs that way against 24.3 through the binding (bench/bench_decode_host.py, run 60). SELSCAN_TORCH_STABLE=0
 at import keeps them on the binding; =1 also warns when the library does not load.

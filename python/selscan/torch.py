@@ -239,7 +239,14 @@ def _allocator(shapes, like_dtype):
 
 
 class _FwdPlan:
-    __slots__ = ("plan", "call", "rows", "casts", "alloc")
+    __slots__ = ("plan", "call", "rows", "casts", "alloc", "softplus", "want_x", "want_last")
+
+
+# torch.ops.selscan.scan_fwd.default (the op library selscan_torch_ops, src/torch_ops/stable_ops.cpp) where it
+# loads and SELSCAN_TORCH_STABLE is not 0 (set at the end of this module): the forward's outputs and workspace
+# are then allocated, and selscan_fwd called, in one torch op call instead of the plan's Python allocations and
+# ctypes call. None: the ctypes route (bench/python_host.py sets it to None to time that route).
+_scan_op = None
 
 
 def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
@@ -283,6 +290,12 @@ def _run_fwd(fp, u, delta, A, B, C, D, z, bias, out_z=None):
         ins[i] = ins[i].contiguous()
     for i in fp.casts:
         ins[i] = ins[i].float()
+    op = _scan_op
+    if op is not None:  # the op allocates the outputs (the test hook POISON reaches the ctypes route's alone)
+        try:
+            return ins, op(*ins, fp.softplus, fp.want_x, fp.want_last, out_z)
+        except RuntimeError:
+            pass  # a call the library refuses (a CPU plan is not validated when made): raised below as SelscanError
     outs = fp.alloc(u)
     if out_z is not None:
         outs[1] = out_z
@@ -322,6 +335,7 @@ def _new_fwd_plan(u, delta, A, B, C, D, z, bias, softplus, want_x, want_last, de
         return None
     fp = _FwdPlan()
     fp.plan, fp.call, fp.rows, fp.casts = plan, plan.info, rows, casts
+    fp.softplus, fp.want_x, fp.want_last = softplus, want_x, want_last
     # out_z is given by the caller where it is given at all: no allocation for it.
     fp.alloc = _allocator(shapes if out_z is None else shapes[:1] + (None,) + shapes[2:], u.dtype)
     return fp
@@ -640,6 +654,18 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
                                     or (delta_bias is not None and delta_bias.requires_grad)):
         return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
     # No gradient wanted: no autograd node, no chunk states.
+    op = _scan_op
+    if op is not None and _plan.ENABLED:
+        # The op converts as the plan path does, so no signature lookup here. What it refuses (complex variable
+        # B/C given as complex, another device, a wrong argument) the path below converts, or raises in the
+        # caller's terms.
+        try:
+            out, out_z, _, last_state = op(u, delta, A, B, C, D, z, delta_bias, softplus, False, want_last, None)
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+        else:
+            y = out_z if z is not None else out
+            return (y, last_state) if want_last else y
     r = _fast_fwd(u, delta, A, B, C, D, z, delta_bias, softplus, False, want_last)
     if r is None:
         out, out_z, _, last_state = selective_scan_fwd_op(u, delta, A, B, C, D, z, delta_bias, softplus)
@@ -652,6 +678,15 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 # ------------------------------------------------------------------------------------------- decode step
 # selscan.torch.selective_state_update and the op selscan::selective_state_update (_decode_torch.py).
 from ._decode_torch import selective_state_update, selective_state_update_op  # noqa: E402
+from . import _decode_torch  # noqa: E402
+
+# The scan forward's op comes with the decode step's library, loaded there under the same SELSCAN_TORCH_STABLE
+# choice; an op library built before it had the op leaves the ctypes route.
+if _decode_torch.stable_ops_active:
+    try:
+        _scan_op = torch.ops.selscan.scan_fwd.default
+    except (AttributeError, RuntimeError):
+        _scan_op = None
 
 __all__ += ["selective_state_update", "selective_state_update_op"]
 

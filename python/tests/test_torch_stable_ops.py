@@ -174,3 +174,245 @@ def test_eager_calls_go_through_the_op_unless_opted_out():
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == expected, (choice, r.stdout)
+
+
+# ------------------------------------------------------------------------------------------------ scan forward
+# selscan::scan_fwd, the scan's forward in the same library: against the float64 reference, bit for bit against
+# the binding's ctypes routes (its call plan and its general path: the same library call on the same values), the
+# conversions the binding makes, out_z given, errors that name the argument, and selscan.torch's routing through
+# it (with and without a gradient) unless SELSCAN_TORCH_STABLE=0.
+
+import selscan.torch as st  # noqa: E402
+from selscan import _core, _plan  # noqa: E402
+from selscan._backends import TorchBackend  # noqa: E402
+from reference import interleaved_to_complex, ref_scan, round_to  # noqa: E402
+from test_torch import make as make_scan  # noqa: E402
+
+scan_op = st._scan_op
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+ITYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def scan_cases():
+    """(description, make_scan keywords): real and complex A, variable B/C with groups or 3-D, constant B/C,
+    with and without the optional inputs, one long enough for two chunk states."""
+    yield "var G=2", dict(G=2, Dm=4)
+    yield "var 3-D", dict(three_d=True)
+    yield "const", dict(var_B=False, var_C=False)
+    yield "var B const C", dict(var_C=False)
+    yield "complex var", dict(cplx=True)
+    yield "complex const", dict(cplx=True, var_B=False, var_C=False)
+    yield "no optionals", dict(opt=False)
+    yield "two chunks", dict(L=2100, Bt=1, Dm=2, N=4)
+
+
+def binding_fwd(ts, softplus, want_x, want_last):
+    """The ctypes general path (_core): what the binding's forward computes."""
+    p = _core.prepare(TorchBackend(ts[0]), *ts)
+    r = _core.run_fwd(p, softplus, want_x=want_x, want_last=want_last)
+    return r["out"], r["out_z"], r["x"], r["last_state"]
+
+
+def plan_fwd(ts, softplus, want_x, want_last, monkeypatch):
+    """The ctypes plan route (_run_fwd without the op), or None where the plan path does not take the call."""
+    monkeypatch.setattr(st, "_scan_op", None)
+    try:
+        r = st._fast_fwd(*ts, softplus, want_x, want_last)
+    finally:
+        monkeypatch.setattr(st, "_scan_op", scan_op)
+    return None if r is None else r[1]
+
+
+def same(got, want, what):
+    for name, g, w in zip(("out", "out_z", "x", "last_state"), got, want):
+        assert (g is None) == (w is None), f"{what}: {name} present {g is not None}, expected {w is not None}"
+        if g is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous(), f"{what}: {name}"
+            assert torch.equal(g, w), f"{what}: {name} differs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scan_matches_the_binding_bit_for_bit(device, dtype, monkeypatch):
+    for what, kw in scan_cases():
+        ts = make_scan(device, dtype, **kw)
+        for softplus, want_x, want_last in ((True, True, True), (False, False, False), (True, False, True)):
+            got = scan_op(*ts, softplus, want_x, want_last, None)
+            label = f"{what} softplus={softplus} x={want_x} last={want_last}"
+            same(got, binding_fwd(ts, softplus, want_x, want_last), label + " vs general")
+            plan = plan_fwd(ts, softplus, want_x, want_last, monkeypatch)
+            assert plan is not None, label  # library-ready inputs: the plan path takes every case
+            same(got, plan, label + " vs plan")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scan_against_the_float64_reference(dtype):
+    rtol, atol = TOL[dtype]
+    for what, kw in scan_cases():
+        u, delta, A, B, C, D, z, bias = ts = make_scan("cpu", dtype, **kw)
+        out, out_z, _, last = scan_op(*ts, True, False, True, None)
+
+        def f64(t, bc=False):
+            if t is None:
+                return None
+            a = t.double().numpy() if not t.is_complex() else t.numpy().astype(np.complex128)
+            if bc and A.is_complex() and t.dim() >= 3:
+                a = interleaved_to_complex(round_to(a, ITYPE[dtype]))
+            return a
+
+        y, final, h = ref_scan(f64(u), f64(delta), f64(A), f64(B, True), f64(C, True), f64(D), f64(z), f64(bias),
+                               True)
+        torch.testing.assert_close(out.double(), torch.from_numpy(y), rtol=rtol, atol=atol,
+                                   msg=lambda m: f"{what}: out {m}")
+        if z is not None:
+            torch.testing.assert_close(out_z.double(), torch.from_numpy(final), rtol=rtol, atol=atol,
+                                       msg=lambda m: f"{what}: out_z {m}")
+        want_h = torch.from_numpy(h)
+        got_h = last if not last.is_complex() else last.to(torch.complex128)
+        torch.testing.assert_close(got_h.to(want_h.dtype), want_h, rtol=rtol, atol=atol,
+                                   msg=lambda m: f"{what}: last_state {m}")
+
+
+def test_scan_conversions_as_the_binding(monkeypatch):
+    """What the binding converts the op converts the same way, leaving the caller's tensors as they were: a bf16
+    model's D and delta_bias to float32, B/C handed as transposed views (a row-major copy), a float32 delta with
+    bf16 u to bf16, a float64 A to float32."""
+    u, delta, A, B, C, D, z, bias = make_scan("cpu", torch.bfloat16, G=2)
+    Bt = B.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last dimension strided
+    Ct = C.transpose(-1, -2).contiguous().transpose(-1, -2)
+    variants = {
+        "bf16 D, delta_bias": (u, delta, A, B, C, D.bfloat16(), z, bias.bfloat16()),
+        "transposed B, C": (u, delta, A, Bt, Ct, D, z, bias),
+        "float32 delta": (u, delta.float(), A, B, C, D, z, bias),
+        "float64 A": (u, delta, A.double(), B, C, D, z, bias),
+    }
+    for what, ts in variants.items():
+        before = [None if t is None else (t.dtype, t.stride()) for t in ts]
+        got = scan_op(*ts, True, True, True, None)
+        same(got, binding_fwd(list(ts), True, True, True), what)
+        assert [None if t is None else (t.dtype, t.stride()) for t in ts] == before, what
+        if what in ("bf16 D, delta_bias", "transposed B, C"):  # the plan path's own casts and row copies
+            same(got, plan_fwd(list(ts), True, True, True, monkeypatch), what + " vs plan")
+
+
+def test_scan_out_z_given_is_written_and_returned():
+    u, delta, A, B, C, D, z, bias = ts = make_scan("cpu", torch.float32)
+    want = scan_op(*ts, True, False, False, None)
+    # a strided out_z (a (dim, batch*L) buffer viewed as (batch, dim, L), as the fused layer passes it), NaN first
+    bt, dm, L = u.shape
+    buf = torch.full((dm, bt * L), float("nan"))
+    oz = buf.view(dm, bt, L).transpose(0, 1)
+    got = scan_op(*ts, True, False, False, oz)
+    assert got[1].data_ptr() == oz.data_ptr() and got[1].stride() == oz.stride()
+    assert torch.equal(got[0], want[0]) and torch.equal(oz, want[1])
+
+
+def test_scan_errors_name_the_argument():
+    ts = make_scan("cpu", torch.float32, G=2, Dm=4)
+    u, delta, A, B, C, D, z, bias = ts
+
+    def args(**k):
+        named = dict(zip(("u", "delta", "A", "B", "C", "D", "z", "delta_bias"), ts))
+        named.update(k)
+        return list(named.values())
+
+    bad = {
+        "u: dtype float64 is not supported": args(u=u.double()),
+        "u: has 2 dims, expected 3": args(u=u[0]),
+        "A: has 3 dims, expected 2": args(A=A[None]),
+        "D: dtype int32 cannot be used": args(D=D.int()),
+        "delta: dtype complex64 cannot be used: expected a real tensor": args(delta=delta.to(torch.complex64)),
+        r"C: dtype complex64 cannot be used: expected a real tensor \(A is real\)":
+            args(C=torch.complex(C[0, 0, :, :4], C[0, 0, :, :4])),
+        "B: a variable B must be real here": args(B=torch.complex(B, B)),
+        "B": args(B=B[..., :5]),  # the library's own shape check names it
+        "delta_bias": args(delta_bias=bias[:3]),
+        "has 5 dims": args(B=B[None]),
+    }
+    for what, a in bad.items():
+        with pytest.raises(RuntimeError, match=f"selscan::scan_fwd: .*{what}"):
+            scan_op(*a, True, False, False, None)
+    with pytest.raises(RuntimeError, match="selscan::scan_fwd: out_z: dtype bfloat16"):
+        scan_op(*ts, True, False, False, torch.empty(u.shape, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="selscan::scan_fwd: out_z: given without z"):
+        scan_op(*args(z=None), True, False, False, torch.empty(u.shape))
+
+
+def counting(monkeypatch):
+    calls = []
+
+    def op(*a):
+        calls.append(a[9:11])  # want_x, want_last
+        return scan_op(*a)
+
+    monkeypatch.setattr(st, "_scan_op", op)
+    return calls
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_selective_scan_fn_routes_through_the_op(grad, monkeypatch):
+    """selective_scan_fn's forward goes through the op, with a gradient (the autograd Function, its plan path;
+    chunk states only past one chunk) and without (no signature lookup): outputs, last_state and every gradient
+    bit-identical to the ctypes route."""
+    for L in (33, 2100):
+        base = make_scan("cpu", torch.bfloat16, G=2, Dm=4, L=L, Bt=1)
+        for _ in range(2):  # the first call of a signature makes its plan, the second runs it
+            outs = {}
+            for route in ("op", "ctypes"):
+                ts = [None if t is None else t.detach().clone().requires_grad_(grad) for t in base]
+                if route == "op":
+                    calls = counting(monkeypatch)
+                else:
+                    monkeypatch.setattr(st, "_scan_op", None)
+                y, last = st.selective_scan_fn(*ts, delta_softplus=True, return_last_state=True)
+                grads = torch.autograd.grad(y.float().square().sum(), ts) if grad else ()
+                outs[route] = [y, last, *grads]
+                monkeypatch.setattr(st, "_scan_op", scan_op)
+            assert calls == [(grad and L > 2048, True)], calls
+            for i, (a, b) in enumerate(zip(outs["op"], outs["ctypes"])):
+                assert a.dtype == b.dtype and torch.equal(a, b), (L, i)
+
+
+def test_selective_scan_fn_falls_back_where_the_op_refuses(monkeypatch):
+    """Complex variable B/C handed as complex: the op refuses them, the binding interleaves them; the result is
+    the ctypes route's."""
+    u, delta, A, B, C, D, z, bias = make_scan("cpu", torch.float32, cplx=True)
+    Bc, Cc = interleaved_to_complex_t(B), interleaved_to_complex_t(C)
+    calls = counting(monkeypatch)
+    got = st.selective_scan_fn(u, delta, A, Bc, Cc, D, z, bias, True)
+    assert len(calls) == 1  # tried, refused
+    monkeypatch.setattr(st, "_scan_op", None)
+    want = st.selective_scan_fn(u, delta, A, Bc, Cc, D, z, bias, True)
+    assert torch.equal(got, want)
+
+
+def interleaved_to_complex_t(t):
+    return torch.view_as_complex(t.unflatten(-1, (t.shape[-1] // 2, 2)).contiguous())
+
+
+def test_scan_route_unless_opted_out():
+    """selscan.torch takes the op where the library loads, also with SELSCAN_TORCH_STABLE=1; =0 at import keeps
+    the ctypes route."""
+    code = "import selscan.torch as st\nprint(st._scan_op is not None)\n"
+    env = dict(os.environ)
+    for choice, expected in ((None, "True"), ("1", "True"), ("0", "False")):
+        env.pop("SELSCAN_TORCH_STABLE", None)
+        if choice is not None:
+            env["SELSCAN_TORCH_STABLE"] = choice
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [expected], (choice, r.stdout)
+
+
+@needs_cuda
+def test_scan_cuda_on_the_current_stream():
+    """CUDA tensors with a side stream current: the op allocates and enqueues on it (the same values as the
+    ctypes route on that stream)."""
+    side = torch.cuda.Stream()
+    for what, kw in scan_cases():
+        with torch.cuda.stream(side):
+            ts = make_scan("cuda", torch.bfloat16, **kw)
+            got = scan_op(*ts, True, True, True, None)
+            want = binding_fwd(ts, True, True, True)
+            side.synchronize()
+        same(got, want, what)

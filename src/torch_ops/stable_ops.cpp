@@ -1,13 +1,15 @@
-// selscan::state_update, the decode step as a torch op built against PyTorch's stable ABI
-// (torch/csrc/stable, PyTorch >= 2.9): the library reads each tensor's layout through torch's C shim and calls
-// selscan_state_update, so an eager call from Python pays torch's dispatcher and this file, not the binding's
-// per-tensor Python checks (bench/bench_decode_host.py, row `stable`).
+// The op library selscan_torch_ops, built against PyTorch's stable ABI (torch/csrc/stable, PyTorch >= 2.9): each op
+// reads its tensors' layouts through torch's C shim and calls one C ABI entry point, so an eager call from Python
+// pays torch's dispatcher and this file, not the binding's per-call Python work.
+//   selscan::state_update   the decode step (selscan_state_update; bench/bench_decode_host.py, row `stable`)
+//   selscan::scan_fwd       the scan's forward (selscan_fwd) with its outputs and workspace allocated here
+//                           (bench/python_host.py)
 //
 // The library links neither libtorch nor libpython: every torch symbol resolves from the torch already loaded in
 // the process when torch.ops.load_library opens it, and the registrations run from static initialisers, so the
-// library exports nothing. The semantics are selscan.selective_state_update's (python/selscan/_decode.py):
-// arguments in a dtype the library does not read are converted as the binding converts them, the state and a
-// given out never are; a failing call raises with selscan_last_error()'s text, which names the argument.
+// library exports nothing. The semantics are the binding's (python/selscan/_decode.py, python/selscan/torch.py):
+// arguments in a dtype the library does not read are converted as the binding converts them, tensors written in
+// place never are; a failing call raises with selscan_last_error()'s text, which names the argument.
 #include <selscan/selscan.h>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -16,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -31,10 +34,17 @@ namespace {
 using torch::stable::Tensor;
 using torch::headeronly::ScalarType;
 
-// torch turns a std::runtime_error into a Python RuntimeError with this text (STD_TORCH_CHECK would prefix the
-// source file and line).
-[[noreturn]] void fail(const std::string& message) {
-  throw std::runtime_error("selscan::state_update: " + message);
+// An argument error, without the op's name: each op catches it and raises a std::runtime_error prefixed with its
+// name, which torch turns into a Python RuntimeError with that text (STD_TORCH_CHECK would prefix the source file
+// and line).
+struct ArgError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& message) { throw ArgError(message); }
+
+[[noreturn]] void rethrow_named(const char* op, const ArgError& e) {
+  throw std::runtime_error(std::string(op) + ": " + e.what());
 }
 
 void shim(AOTITorchError err, const char* what, const char* name) {
@@ -46,7 +56,8 @@ void shim(AOTITorchError err, const char* what, const char* name) {
 // torch's dtype codes are functions of the shim; read once, at load.
 struct Codes {
   int32_t f32 = aoti_torch_dtype_float32(), f16 = aoti_torch_dtype_float16(), bf16 = aoti_torch_dtype_bfloat16();
-  int32_t i32 = aoti_torch_dtype_int32(), i64 = aoti_torch_dtype_int64();
+  int32_t f64 = aoti_torch_dtype_float64(), c64 = aoti_torch_dtype_complex64(), c128 = aoti_torch_dtype_complex128();
+  int32_t i32 = aoti_torch_dtype_int32(), i64 = aoti_torch_dtype_int64(), u8 = aoti_torch_dtype_uint8();
   int32_t cpu = aoti_torch_device_type_cpu(), cuda = aoti_torch_device_type_cuda();
 };
 const Codes kCodes;
@@ -116,6 +127,8 @@ void describe(selscan_tensor_t& out, AtenTensorHandle h, int32_t dtype, const ch
     out.dtype = SELSCAN_DTYPE_BFLOAT16;
   } else if (dtype == kCodes.f16) {
     out.dtype = SELSCAN_DTYPE_FLOAT16;
+  } else if (dtype == kCodes.c64) {
+    out.dtype = SELSCAN_DTYPE_COMPLEX64;
   } else if (dtype == kCodes.i32) {
     out.dtype = SELSCAN_DTYPE_INT32;
   } else if (dtype == kCodes.i64) {
@@ -156,12 +169,50 @@ const char* dtype_name(int32_t d) {
   return "another dtype";
 }
 
+// The exec struct of a call on the device of argument `name`: CUDA calls run on torch's current stream of it.
 template <bool kCuda>
-Tensor state_update(const Tensor& state, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B,
-                    const Tensor& C, const std::optional<Tensor>& D, const std::optional<Tensor>& z,
-                    const std::optional<Tensor>& dt_bias, bool dt_softplus,
-                    const std::optional<Tensor>& state_batch_indices, int64_t pad_slot_id,
-                    const std::optional<Tensor>& dst_state_batch_indices, const std::optional<Tensor>& out) {
+selscan_exec_t exec_for(Device dev, const char* name) {
+  selscan_exec_t exec{sizeof(selscan_exec_t), SELSCAN_DEVICE_CPU, 0, nullptr, nullptr, 0, 0, 0};
+  if constexpr (kCuda) {
+    exec.device_kind = SELSCAN_DEVICE_CUDA;
+    exec.device_index = dev.index;
+    if (aoti_torch_get_current_cuda_stream == nullptr) {
+      fail(std::string("this torch has no CUDA stream API (aoti_torch_get_current_cuda_stream) but ") + name +
+           " is on " + device_name(dev));
+    }
+    shim(aoti_torch_get_current_cuda_stream(dev.index, &exec.stream), "read the current CUDA stream",
+         (std::string(name) + "'s device").c_str());
+  }
+  return exec;
+}
+
+void library_call(selscan_status_t status) {
+  if (status != SELSCAN_STATUS_SUCCESS) {
+    const char* detail = selscan_last_error();
+    fail(std::string(selscan_status_string(status)) + ": " + (detail && *detail ? detail : "(no message)"));
+  }
+}
+
+// A new row-major tensor, with torch's contiguous strides (a dimension of size 0 counts as 1 in them).
+Tensor new_rows(int32_t ndim, const int64_t* sizes, int32_t dtype, Device dev, const char* name) {
+  std::array<int64_t, SELSCAN_MAX_NDIM> strides{};
+  int64_t step = 1;
+  for (int32_t i = ndim - 1; i >= 0; --i) {
+    strides[i] = step;
+    step *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  shim(aoti_torch_empty_strided(ndim, sizes, strides.data(), dtype, dev.type, dev.index, &h), "allocate", name);
+  return Tensor(h);
+}
+
+template <bool kCuda>
+Tensor state_update_checked(const Tensor& state, const Tensor& x, const Tensor& dt, const Tensor& A,
+                            const Tensor& B, const Tensor& C, const std::optional<Tensor>& D,
+                            const std::optional<Tensor>& z, const std::optional<Tensor>& dt_bias, bool dt_softplus,
+                            const std::optional<Tensor>& state_batch_indices, int64_t pad_slot_id,
+                            const std::optional<Tensor>& dst_state_batch_indices,
+                            const std::optional<Tensor>& out) {
   selscan_state_update_args_t args = SELSCAN_STATE_UPDATE_ARGS_INIT;
   args.pad_slot_id = pad_slot_id;
   args.dt_softplus = dt_softplus ? 1 : 0;
@@ -210,35 +261,245 @@ Tensor state_update(const Tensor& state, const Tensor& x, const Tensor& dt, cons
     describe(args.out, out->get(), od, "out");
   } else {
     // Row-major, x's sizes: the binding's empty_like(x, memory_format=contiguous_format).
-    std::array<int64_t, SELSCAN_MAX_NDIM> strides{};
-    int64_t step = 1;
-    for (int32_t i = args.x.ndim - 1; i >= 0; --i) {
-      strides[i] = step;
-      step *= args.x.sizes[i] > 1 ? args.x.sizes[i] : 1;
-    }
-    AtenTensorHandle h = nullptr;
-    shim(aoti_torch_empty_strided(args.x.ndim, args.x.sizes, strides.data(), xd, x_dev.type, x_dev.index, &h),
-         "allocate", "out");
-    result.emplace(h);
-    describe(args.out, h, xd, "out");
+    result.emplace(new_rows(args.x.ndim, args.x.sizes, xd, x_dev, "out"));
+    describe(args.out, result->get(), xd, "out");
   }
 
-  selscan_exec_t exec{sizeof(selscan_exec_t), SELSCAN_DEVICE_CPU, 0, nullptr, nullptr, 0, 0, 0};
-  if constexpr (kCuda) {
-    exec.device_kind = SELSCAN_DEVICE_CUDA;
-    exec.device_index = x_dev.index;
-    if (aoti_torch_get_current_cuda_stream == nullptr) {
-      fail("this torch has no CUDA stream API (aoti_torch_get_current_cuda_stream) but x is on " +
-           device_name(x_dev));
-    }
-    shim(aoti_torch_get_current_cuda_stream(x_dev.index, &exec.stream), "read the current CUDA stream", "x's device");
-  }
-  const selscan_status_t status = selscan_state_update(&args, &exec);
-  if (status != SELSCAN_STATUS_SUCCESS) {
-    const char* detail = selscan_last_error();
-    fail(std::string(selscan_status_string(status)) + ": " + (detail && *detail ? detail : "(no message)"));
-  }
+  selscan_exec_t exec = exec_for<kCuda>(x_dev, "x");
+  library_call(selscan_state_update(&args, &exec));
   return *result;
+}
+
+template <bool kCuda>
+Tensor state_update(const Tensor& state, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B,
+                    const Tensor& C, const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                    const std::optional<Tensor>& dt_bias, bool dt_softplus,
+                    const std::optional<Tensor>& state_batch_indices, int64_t pad_slot_id,
+                    const std::optional<Tensor>& dst_state_batch_indices, const std::optional<Tensor>& out) {
+  try {
+    return state_update_checked<kCuda>(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                       pad_slot_id, dst_state_batch_indices, out);
+  } catch (const ArgError& e) {
+    rethrow_named("selscan::state_update", e);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ scan forward
+// selscan::scan_fwd converts its arguments as selscan.torch's forward does (TorchBackend.cast, then
+// fix_layout): each to the dtype the library reads (u's for delta, z and variable B/C, A's for constant B/C,
+// float32 or complex64 for A, float32 for D and delta_bias), then each (..., L) tensor whose last dimension is
+// strided to a row-major copy. The copies hold the same values, so the library call and its outputs are the ones
+// the binding's call makes.
+
+bool is_float(int32_t d) { return is_io(d) || d == kCodes.f64; }
+bool is_complex(int32_t d) { return d == kCodes.c64 || d == kCodes.c128; }
+
+ScalarType scalar_type_to(int32_t d) { return d == kCodes.c64 ? ScalarType::ComplexFloat : scalar_type_of(d); }
+
+std::string dtype_label(int32_t d) {
+  if (d == kCodes.f64) return "float64";
+  if (d == kCodes.c64) return "complex64";
+  if (d == kCodes.c128) return "complex128";
+  return dtype_name(d);
+}
+
+// A row-major copy (Tensor.contiguous()'s values) of t when its last dimension is strided, else nullopt.
+std::optional<Tensor> row_copy(const Tensor& t, int32_t dtype, Device dev, const char* name) {
+  AtenTensorHandle h = t.get();
+  int64_t ndim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  shim(aoti_torch_get_dim(h, &ndim), "read the shape", name);
+  if (ndim < 1 || ndim > SELSCAN_MAX_NDIM) {
+    return std::nullopt;  // nothing to fix; describe() names a rank above SELSCAN_MAX_NDIM, the library a wrong one
+  }
+  shim(aoti_torch_get_sizes(h, &sizes), "read the shape", name);
+  shim(aoti_torch_get_strides(h, &strides), "read the strides", name);
+  if (sizes[ndim - 1] <= 1 || strides[ndim - 1] == 1) {
+    return std::nullopt;
+  }
+  Tensor copy = new_rows(static_cast<int32_t>(ndim), sizes, dtype, dev, name);
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(copy), torch::stable::detail::from(t),
+                                    torch::stable::detail::from(false)};
+  shim(aoti_torch_call_dispatcher("aten::copy_", "", stack.data()), "copy", name);
+  return copy;
+}
+
+// One input of the scan, in dtype `to` and, when `rows`, with a unit last stride: the caller's tensor where it is
+// already so, else a copy kept alive in `keep` until the call returns.
+void scan_input(selscan_tensor_t& slot, const Tensor& t, const char* name, Device dev, int32_t to, bool rows,
+                std::optional<Tensor>& keep) {
+  same_device(t.get(), name, dev);
+  const Tensor* cur = &t;  // the caller's tensor, or the copy in `keep`
+  const int32_t d = dtype_of(t.get(), name);
+  if (d != to) {
+    if (!is_float(d) && !is_complex(d)) {
+      fail(std::string(name) + ": dtype " + dtype_label(d) + " cannot be used: expected a floating-point tensor");
+    }
+    if (is_complex(d) && to != kCodes.c64) {
+      fail(std::string(name) + ": dtype " + dtype_label(d) + " cannot be used: expected a real tensor" +
+           (name[0] == 'B' || name[0] == 'C' ? " (A is real)" : ""));
+    }
+    keep = converted(t, scalar_type_to(to));
+    cur = &*keep;
+  }
+  if (rows) {
+    if (std::optional<Tensor> c = row_copy(*cur, to, dev, name)) {
+      keep = std::move(c);
+      cur = &*keep;
+    }
+  }
+  describe(slot, cur->get(), to, name);
+}
+
+int64_t dim_of(AtenTensorHandle h, const char* name) {
+  int64_t ndim = 0;
+  shim(aoti_torch_get_dim(h, &ndim), "read the shape", name);
+  return ndim;
+}
+
+// The workspace a CUDA forward asks for depends on the call's shapes, strides, dtypes, flags and device, not on
+// its addresses: the last few answers of this thread are kept under the argument struct with every present
+// tensor's address replaced by 1 (the library still checks each call's workspace against its need).
+struct WorkspaceMemo {
+  static constexpr int kEntries = 4;
+  struct Entry {
+    bool valid = false;
+    int32_t device = 0;
+    selscan_fwd_args_t key{};
+    size_t bytes = 0;
+  };
+  std::array<Entry, kEntries> entries{};
+  int next = 0;
+};
+
+selscan_fwd_args_t address_free(const selscan_fwd_args_t& args) {
+  selscan_fwd_args_t key;
+  std::memcpy(&key, &args, sizeof key);  // args was zeroed whole (padding included) before it was filled
+  for (selscan_tensor_t* t : {&key.u, &key.delta, &key.A, &key.B, &key.C, &key.D, &key.z, &key.delta_bias, &key.h0,
+                              &key.out, &key.out_z, &key.x, &key.last_state, &key.cu_seqlens, &key.ssm_states,
+                              &key.cache_indices, &key.has_initial_state, &key.block_table, &key.context_lens}) {
+    t->data = t->data != nullptr ? reinterpret_cast<void*>(1) : nullptr;
+  }
+  return key;
+}
+
+size_t fwd_workspace_bytes(const selscan_fwd_args_t& args, const selscan_exec_t& exec) {
+  thread_local WorkspaceMemo memo;
+  const selscan_fwd_args_t key = address_free(args);
+  for (const WorkspaceMemo::Entry& e : memo.entries) {
+    if (e.valid && e.device == exec.device_index && std::memcmp(&e.key, &key, sizeof key) == 0) {
+      return e.bytes;
+    }
+  }
+  size_t bytes = 0;
+  library_call(selscan_fwd_workspace_size(&args, &exec, &bytes));
+  WorkspaceMemo::Entry& e = memo.entries[memo.next];
+  memo.next = (memo.next + 1) % WorkspaceMemo::kEntries;
+  e.valid = true;
+  e.device = exec.device_index;
+  std::memcpy(&e.key, &key, sizeof key);
+  e.bytes = bytes;
+  return bytes;
+}
+
+using ScanOutputs = std::tuple<Tensor, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>>;
+
+template <bool kCuda>
+ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                             const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                             const std::optional<Tensor>& delta_bias, bool delta_softplus, bool want_x,
+                             bool want_last, const std::optional<Tensor>& out_z) {
+  selscan_fwd_args_t args;
+  std::memset(&args, 0, sizeof args);  // padding too: the workspace memo compares the struct bytewise
+  args.struct_size = sizeof args;
+  args.delta_softplus = delta_softplus ? 1 : 0;
+  const Device dev = device_of(u.get(), "u");
+
+  const int32_t it = dtype_of(u.get(), "u");
+  if (!is_io(it)) {
+    fail("u: dtype " + dtype_label(it) + " is not supported (expected float32, float16 or bfloat16)");
+  }
+  const int64_t u_dim = dim_of(u.get(), "u"), a_dim = dim_of(A.get(), "A");
+  if (u_dim != 3) {
+    fail("u: has " + std::to_string(u_dim) + " dims, expected 3 (batch, dim, seqlen)");
+  }
+  if (a_dim != 2) {
+    fail("A: has " + std::to_string(a_dim) + " dims, expected 2 (dim, dstate)");
+  }
+  const int32_t wt = is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32;
+
+  std::array<std::optional<Tensor>, 8> keep;  // converted copies, alive until the call returns
+  scan_input(args.u, u, "u", dev, it, true, keep[0]);
+  scan_input(args.delta, delta, "delta", dev, it, true, keep[1]);
+  scan_input(args.A, A, "A", dev, wt, false, keep[2]);
+  for (auto [slot, t, name, k] : {std::make_tuple(&args.B, &B, "B", 3), std::make_tuple(&args.C, &C, "C", 4)}) {
+    const bool variable = dim_of(t->get(), name) >= 3;
+    if (variable && is_complex(dtype_of(t->get(), name))) {
+      fail(std::string(name) + ": a variable " + name + " must be real here: pass it Re/Im interleaved along the "
+           "last dimension (..., 2L), or through selscan.torch.selective_scan_fn, which interleaves it");
+    }
+    scan_input(*slot, *t, name, dev, variable ? it : wt, variable, keep[k]);
+  }
+  if (D) scan_input(args.D, *D, "D", dev, kCodes.f32, false, keep[5]);
+  if (z) scan_input(args.z, *z, "z", dev, it, true, keep[6]);
+  if (delta_bias) scan_input(args.delta_bias, *delta_bias, "delta_bias", dev, kCodes.f32, false, keep[7]);
+
+  // The outputs: new row-major tensors (the binding's new_empty), out_z the caller's where given.
+  const int64_t bt = args.u.sizes[0], dm = args.u.sizes[1], L = args.u.sizes[2], n = args.A.sizes[1];
+  Tensor out = new_rows(3, args.u.sizes, it, dev, "out");
+  describe(args.out, out.get(), it, "out");
+  std::optional<Tensor> oz, x, last;
+  if (out_z) {
+    if (!z) {
+      fail("out_z: given without z (out_z is out * silu(z))");
+    }
+    const int32_t od = dtype_of(out_z->get(), "out_z");
+    if (od != it) {
+      fail("out_z: dtype " + dtype_label(od) + " cannot be used: the library writes out_z in u's dtype (" +
+           dtype_label(it) + ")");
+    }
+    same_device(out_z->get(), "out_z", dev);
+    oz = out_z;
+  } else if (z) {
+    oz = new_rows(3, args.u.sizes, it, dev, "out_z");
+  }
+  if (oz) describe(args.out_z, oz->get(), it, "out_z");
+  if (want_x) {
+    const int64_t sizes[4] = {bt, dm, (L + SELSCAN_CHUNK - 1) / SELSCAN_CHUNK, 2 * n};
+    x = new_rows(4, sizes, wt, dev, "x");
+    describe(args.x, x->get(), wt, "x");
+  }
+  if (want_last) {
+    const int64_t sizes[3] = {bt, dm, n};
+    last = new_rows(3, sizes, wt, dev, "last_state");
+    describe(args.last_state, last->get(), wt, "last_state");
+  }
+
+  selscan_exec_t exec = exec_for<kCuda>(dev, "u");
+  std::optional<Tensor> workspace;  // freed to torch's caching allocator after the call is enqueued on its stream
+  if constexpr (kCuda) {
+    const size_t bytes = fwd_workspace_bytes(args, exec);
+    if (bytes > 0) {
+      const int64_t size = static_cast<int64_t>(bytes);
+      workspace = new_rows(1, &size, kCodes.u8, dev, "the workspace");
+      shim(aoti_torch_get_data_ptr(workspace->get(), &exec.workspace), "read the data pointer", "the workspace");
+      exec.workspace_bytes = bytes;
+    }
+  }
+  library_call(selscan_fwd(&args, &exec));
+  return {out, oz, x, last};
+}
+
+template <bool kCuda>
+ScanOutputs scan_fwd(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                     const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                     const std::optional<Tensor>& delta_bias, bool delta_softplus, bool want_x, bool want_last,
+                     const std::optional<Tensor>& out_z) {
+  try {
+    return scan_fwd_checked<kCuda>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, want_x, want_last, out_z);
+  } catch (const ArgError& e) {
+    rethrow_named("selscan::scan_fwd", e);
+  }
 }
 
 }  // namespace
@@ -248,12 +509,19 @@ STABLE_TORCH_LIBRARY_FRAGMENT(selscan, m) {
   m.def("state_update(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D=None, "
         "Tensor? z=None, Tensor? dt_bias=None, bool dt_softplus=False, Tensor? state_batch_indices=None, "
         "int pad_slot_id=-1, Tensor? dst_state_batch_indices=None, Tensor(b!)? out=None) -> Tensor");
+  // (out, out_z, x, last_state): out_z absent without z, x without want_x, last_state without want_last. out_z
+  // given: written in place and returned (an alias of it), as selscan.torch's fused layer passes it.
+  m.def("scan_fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
+        "Tensor? delta_bias=None, bool delta_softplus=False, bool want_x=False, bool want_last=False, "
+        "Tensor(a!)? out_z=None) -> (Tensor, Tensor?, Tensor?, Tensor?)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CPU, m) {
   m.impl("state_update", TORCH_BOX(&state_update<false>));
+  m.impl("scan_fwd", TORCH_BOX(&scan_fwd<false>));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CUDA, m) {
   m.impl("state_update", TORCH_BOX(&state_update<true>));
+  m.impl("scan_fwd", TORCH_BOX(&scan_fwd<true>));
 }
