@@ -20,7 +20,8 @@
 // of lean lanes): 8 states a lane (one 32-byte sector of fp32 state, one 16-byte load of 16-bit), kSeqs sequences
 // a thread, kept in registers through the T tokens.
 // dt, x, z, B and C are tiny and read through runtime-dtype loads (FLOAT32 or x's dtype each): the only
-// compile-time dtype is the state's.
+// compile-time dtype is the state's, except in the small-grid kernel, whose chain of dependent instructions is the
+// step's time: it is instantiated per input dtype too (see state_update_small).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -388,9 +389,14 @@ __global__ void __launch_bounds__(kThreads, kLeanMinBlocks<S>) state_update_lean
 //   correction steps) ahead of every load; here each is one multiply-shift (fast_div, constants from the plan);
 // - per-channel offsets in 32 bits (the plan checks they fit), so each address is one IMAD.WIDE.U32 onto the
 //   sequence's row pointer, which the uniform datapath computes once per block;
-// - the dt path (softplus, exp(A dt), B dt x) and the gate silu(z) D x computed from the small inputs, which are
-//   L2 hits, while the state (a DRAM miss) is in flight; the state stored as soon as it is updated, before the
-//   reduction of out; out's sum over the lane's states in two chains instead of one.
+// - every load issued before any loaded value is read, the state (the DRAM miss) first where no slot lookup comes
+//   before it (the order and why: in the kernel); the state stored as soon as it is updated, before the reduction
+//   of out; out's sum over the lane's states in two chains instead of one;
+// - the input dtype I (x's: f16 or bf16) an instance parameter, besides the state's S: B, C and out are I too (the
+//   plan gives kSmall 16-bit B and C, which validation allows only as fp32 or x's dtype), so their conversions and
+//   out's store carry no runtime-dtype pairs or branches; dt and z (fp32 or I) are one uniform select each. The
+//   (S, I) pairs: (fp32, bf16), (fp32, f16), (bf16, bf16), (f16, f16) (a 16-bit state is x's dtype);
+// - D and z loaded by every lane of a channel (one address, so no more traffic), not under a divergent branch.
 // L states a lane: 8 (the lean kernel's), or 4 when forced (twice the threads, half the work a thread).
 template <int W, bool kStream>
 __device__ __forceinline__ void ld_words(const void* p, uint32_t* w) {
@@ -448,19 +454,32 @@ __device__ __forceinline__ void f32_words(const float* v, uint32_t* w) {
   }
 }
 
-// A lane's L 16-bit B or C values (f16 or bf16, the call's dtype) from their raw words.
-template <int L>
-__device__ __forceinline__ void half_words_f32(Dtype t, const uint32_t* w, float* out) {
-  const bool f16 = t == Dtype::f16;
-#pragma unroll
-  for (int j = 0; j < L; ++j) out[j] = half_bits_f32((j & 1) ? w[j / 2] >> 16 : w[j / 2], f16);
+// The small kernel's input dtype I (f16 or bf16): the value whose bits are the low half of v.
+template <typename I>
+__device__ __forceinline__ float half_f32(uint32_t v) {
+  if constexpr (std::is_same_v<I, __half>)
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xffffu)));
+  else
+    return __uint_as_float(v << 16);
 }
 
-// ld_raw at element `off` of a row that starts `row` elements into p: the row's address is uniform over the block,
-// and the 32-bit offset adds onto it in one IMAD.WIDE.U32.
-__device__ __forceinline__ uint32_t ld_raw_row(Dtype t, const void* p, int64_t row, unsigned off) {
-  return t == Dtype::f32 ? __ldg(static_cast<const unsigned*>(p) + row + off)
-                         : static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + row + off));
+// A lane's L values of I (B or C) from their raw words, two a word.
+template <typename I, int L>
+__device__ __forceinline__ void half_words_f32(const uint32_t* w, float* out) {
+#pragma unroll
+  for (int j = 0; j < L; ++j) out[j] = half_f32<I>((j & 1) ? w[j / 2] >> 16 : w[j / 2]);
+}
+
+// One value of dt or z, whose dtype is fp32 or x's (I), uniform over the call (`f32`), at element `off` of a row
+// that starts `row` elements into p: the row's address is uniform over the block, and the 32-bit offset adds onto
+// it in one IMAD.WIDE.U32. Raw bits, converted by f32_or after every load has issued.
+__device__ __forceinline__ uint32_t ld_raw_row(bool f32, const void* p, int64_t row, unsigned off) {
+  return f32 ? __ldg(static_cast<const unsigned*>(p) + row + off)
+             : static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + row + off));
+}
+template <typename I>
+__device__ __forceinline__ float f32_or(bool f32, uint32_t v) {
+  return f32 ? __uint_as_float(v) : half_f32<I>(v);
 }
 
 // Resident blocks of 128 asked of ptxas: the grids it serves by default fill under half of what SMs hold (640
@@ -470,9 +489,10 @@ __device__ __forceinline__ uint32_t ld_raw_row(Dtype t, const void* p, int64_t r
 template <int L>
 constexpr int kSmallMinBlocks = (L == 4 ? 12 : 8) < kSmBlocks ? (L == 4 ? 12 : 8) : kSmBlocks;
 
-template <typename S, bool kAConst, int L>
+template <typename S, typename I, bool kAConst, int L>
 __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_small(const StateUpdate p,
                                                                                  const StateUpdatePlan plan) {
+  static_assert(sizeof(I) == 2 && (sizeof(S) == 4 || std::is_same_v<S, I>), "16-bit inputs; a 16-bit state is x's");
   constexpr int WS = L * static_cast<int>(sizeof(S)) / 4;  // words of a lane's state
   constexpr int WH = L / 2;                                 // words of a lane's 16-bit B or C
   const unsigned P = static_cast<unsigned>(p.headdim);
@@ -489,16 +509,26 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
   // element has index 0, so its stride's truncation is harmless).
   const auto off = [&](const int64_t* s) { return h * static_cast<unsigned>(s[0]) + pp * static_cast<unsigned>(s[1]); };
 
-  // Without slot indices (uniform) the state, the one DRAM miss, is issued first; with them the lookups are, the
-  // state's address waiting for them, and every other input is issued while they are in flight.
+  // The order of the loads is the critical path's. ptxas tracks all these loads on one scoreboard, so the first
+  // instruction that reads a loaded register waits for every load issued before it, the state's included. So: the
+  // slot lookups first (with indices the state's address waits for them, and every other input is issued while
+  // they are in flight); then, without indices, the state; then every other input; and no loaded register is read
+  // until all are issued. The merge of a conditional load's result reads it: the lookups' results merge before the
+  // state's issue, and no input is loaded under a branch that opens between the state's issue and the last load
+  // (before this order, z's load sat behind such a merge and made a second round trip after the state's).
+  // Tracking the state apart (cp.async into shared memory) measured slower: ptxas issued it after the other loads.
   const unsigned cs = off(p.sstate + 1) + n0;
   const bool direct = p.idx == nullptr && p.dst == nullptr;
+  int64_t slot = b, dslot = b;
+  if (!direct) {
+    if (p.idx != nullptr) slot = slot_at(p.idx, p.idx64, p.sidx, b);
+    dslot = p.dst != nullptr ? slot_at(p.dst, p.dst64, p.sdst, b) : slot;
+  }
   uint32_t s_raw[WS];
   if (direct) ld_words<WS, true>(static_cast<const S*>(p.state) + b * p.sstate[0] + cs, s_raw);
-  const int64_t slot = p.idx != nullptr ? slot_at(p.idx, p.idx64, p.sidx, b) : b;
-  const int64_t dslot = p.dst != nullptr ? slot_at(p.dst, p.dst64, p.sdst, b) : slot;
-  const uint32_t x_raw = ld_raw_row(p.x_t, p.x, b * p.sx[0], off(p.sx + 2));
-  const uint32_t dt_raw = ld_raw_row(p.dt_t, p.dt, b * p.sdt[0], off(p.sdt + 2));
+  const uint32_t x_raw = __ldg(static_cast<const unsigned short*>(p.x) + b * p.sx[0] + off(p.sx + 2));
+  const bool dt_f32 = p.dt_t == Dtype::f32, z_f32 = p.z_t == Dtype::f32;
+  const uint32_t dt_raw = ld_raw_row(dt_f32, p.dt, b * p.sdt[0], off(p.sdt + 2));
   const unsigned ob = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sB[2]));
   const unsigned oc = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sC[2]));
   uint32_t B_raw[WH], C_raw[WH];
@@ -515,49 +545,58 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
     for (int j = 0; j < L; ++j) a[j] = __uint_as_float(aw[j]);
   }
   const float bias = p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + off(p.sbias)) : 0.f;
-  // Only a channel's first lane writes out: its D and z.
-  const float Dv = writer && p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + off(p.sD)) : 0.f;
-  const uint32_t z_raw = writer && p.z != nullptr ? ld_raw_row(p.z_t, p.z, b * p.sz[0], off(p.sz + 2)) : 0u;
+  // Only a channel's first lane writes out, but every lane loads its D and z: the same address, so the same
+  // transaction, and no branch on the lane.
+  const float Dv = p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + off(p.sD)) : 0.f;
+  const uint32_t z_raw = p.z != nullptr ? ld_raw_row(z_f32, p.z, b * p.sz[0], off(p.sz + 2)) : 0u;
+  I* const out = static_cast<I*>(p.out) + b * p.sout[0] + off(p.sout + 2);
 
-  // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
-  // destination that is padding, but it writes out.
-  int kind = kRun;
-  if (p.idx != nullptr) {
-    if (slot == p.pad_slot) kind = kPad;
-    else if (slot < 0 || slot >= p.slots) kind = kBad;
+  S* dst;             // the slot written (formed for a padding destination too, but then never used)
+  bool store = live;  // whether this thread writes its states
+  if (direct) {
+    dst = static_cast<S*>(p.state) + b * p.sstate[0] + cs;
+  } else {
+    // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
+    // destination that is padding, but it writes out.
+    int kind = kRun;
+    if (p.idx != nullptr) {
+      if (slot == p.pad_slot) kind = kPad;
+      else if (slot < 0 || slot >= p.slots) kind = kBad;
+    }
+    const bool to_dst = p.dst != nullptr && dslot != p.pad_slot;  // else the slot read, or none
+    if (kind == kRun && to_dst && (dslot < 0 || dslot >= p.slots)) kind = kBad;
+    if (kind != kRun) {
+      if (writer) *out = from_f32<I>(kind == kPad ? 0.f : __int_as_float(0x7fffffff));
+      return;
+    }
+    ld_words<WS, true>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs, s_raw);
+    dst = static_cast<S*>(p.state) + dslot * p.sstate[0] + cs;
+    store = live && (p.dst == nullptr || to_dst);
   }
-  const bool to_dst = p.dst != nullptr && dslot != p.pad_slot;  // else the slot read, or none
-  if (kind == kRun && to_dst && (dslot < 0 || dslot >= p.slots)) kind = kBad;
-  const int64_t co = b * p.sout[0] + off(p.sout + 2);
-  if (kind != kRun) {
-    if (writer) st_dtype(p.x_t, p.out, co, kind == kPad ? 0.f : __int_as_float(0x7fffffff));
-    return;
-  }
-  if (!direct) ld_words<WS, true>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs, s_raw);
 
-  // Everything that does not need the state, while it is in flight.
-  const float x = raw_f32(p.x_t, x_raw);
-  float dt = raw_f32(p.dt_t, dt_raw) + bias;
+  // The dt path, then the update: both after every load has arrived (the one scoreboard), so their order is ptxas's.
+  const float x = half_f32<I>(x_raw);
+  float dt = f32_or<I>(dt_f32, dt_raw) + bias;
   if (p.softplus) dt = softplus(dt);
   float Bv[L], Cv[L], dA[kAConst ? 1 : L];
-  half_words_f32<L>(p.B_t, B_raw, Bv);
-  half_words_f32<L>(p.C_t, C_raw, Cv);
+  half_words_f32<I, L>(B_raw, Bv);
+  half_words_f32<I, L>(C_raw, Cv);
   const float dtx = dt * x;
 #pragma unroll
   for (int j = 0; j < L; ++j) Bv[j] *= dtx;
 #pragma unroll
   for (int j = 0; j < (kAConst ? 1 : L); ++j) dA[j] = exp2_fast(a[j] * kLog2e * dt);
   const float xD = Dv * x;
-  const float gate = writer && p.z != nullptr ? silu(raw_f32(p.z_t, z_raw)) : 1.f;
+  const float gate = p.z != nullptr ? silu(f32_or<I>(z_f32, z_raw)) : 1.f;
 
   float s[L];
   words_f32<S, L>(s_raw, s);
 #pragma unroll
   for (int j = 0; j < L; ++j) s[j] = fmaf(s[j], dA[kAConst ? 0 : j], Bv[j]);
-  if (live && (p.dst == nullptr || to_dst)) {
+  if (store) {
     uint32_t w[WS];
     f32_words<S, L>(s, w);
-    st_words_cs<WS>(static_cast<S*>(p.state) + dslot * p.sstate[0] + cs, w);
+    st_words_cs<WS>(dst, w);
   }
   float y0 = 0.f, y1 = 0.f;
 #pragma unroll
@@ -567,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
   }
   float y = y0 + y1;
   for (int o = plan.lanes >> 1; o > 0; o >>= 1) y += __shfl_xor_sync(kFullMask, y, o);
-  if (writer) st_dtype(p.x_t, p.out, co, (y + xD) * gate);
+  if (writer) *out = from_f32<I>((y + xD) * gate);
 }
 
 }  // namespace
@@ -584,17 +623,31 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
                 static_cast<unsigned>(y < kMaxGridY ? y : kMaxGridY));
   };
   const auto s = static_cast<cudaStream_t>(stream);
+  // kSmall's instances exist for 16-bit x with B and C of x's dtype and the state fp32 or x's: what the plan
+  // (16-bit B and C) and validation (B, C and the state fp32 or x's dtype) leave it.
+  if (plan.kernel == StateUpdatePlan::kSmall &&
+      ((p.x_t != Dtype::f16 && p.x_t != Dtype::bf16) || p.B_t != p.x_t || p.C_t != p.x_t ||
+       (p.state_t != Dtype::f32 && p.state_t != p.x_t)))
+    return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: the small-grid kernel needs 16-bit x, B and C of "
+                                         "x's dtype, and the state fp32 or x's dtype");
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
     if (plan.kernel == StateUpdatePlan::kSmall) {
-      // One sequence a block row, as the lean kernel; 8 or 4 states a lane.
-      const auto small = [&](auto states) {
+      // One sequence a block row, as the lean kernel; 8 or 4 states a lane; x's dtype (I) the input dtype of the
+      // instance (checked above: B, C and a 16-bit state are x's).
+      const auto small = [&](auto in_tag, auto states) {
+        using I = decltype(in_tag);
         constexpr int L = decltype(states)::value;
-        if (plan.a_const) state_update_small<S, true, L><<<grid(1), kThreads, 0, s>>>(p, plan);
-        else state_update_small<S, false, L><<<grid(1), kThreads, 0, s>>>(p, plan);
+        if (plan.a_const) state_update_small<S, I, true, L><<<grid(1), kThreads, 0, s>>>(p, plan);
+        else state_update_small<S, I, false, L><<<grid(1), kThreads, 0, s>>>(p, plan);
       };
-      if (plan.small_states == 4) small(std::integral_constant<int, 4>{});
-      else small(std::integral_constant<int, StateUpdatePlan::kLeanStates>{});
+      const auto small_in = [&](auto states) {
+        if constexpr (sizeof(S) == 2) small(S{}, states);
+        else if (p.x_t == Dtype::f16) small(__half{}, states);
+        else small(__nv_bfloat16{}, states);
+      };
+      if (plan.small_states == 4) small_in(std::integral_constant<int, 4>{});
+      else small_in(std::integral_constant<int, StateUpdatePlan::kLeanStates>{});
       return;
     }
     if (plan.kernel == StateUpdatePlan::kLean) {

@@ -177,6 +177,29 @@ TEST(GpuStateUpdateShapes, SmallGridsEveryKernel) {
       }
 }
 
+// The small-grid kernel's instances (one per state and input dtype: f16 or bf16 x, B, C and out, the state fp32 or
+// x's) with each optional input absent or present, dt and z in fp32 beside 16-bit x on half the cases (a uniform
+// runtime choice inside an instance), both forms, with and without a pool: kSmall must serve each case when forced,
+// and every kernel forced matches the oracle.
+TEST(GpuStateUpdateShapes, SmallKernelInputDtypesAndOptionalInputs) {
+  REQUIRE_GPU();
+  constexpr int32_t kF32 = SELSCAN_DTYPE_FLOAT32, kF16 = SELSCAN_DTYPE_FLOAT16, kBF16 = SELSCAN_DTYPE_BFLOAT16;
+  uint64_t seed = 3800;
+  for (int32_t it : {kF16, kBF16})
+    for (int32_t sd : {kF32, it})
+      for (int mask = 0; mask < 16; ++mask) {
+        StateUpdateSpec s;
+        s.heads = ((mask ^ (mask >> 3)) & 1) != 0, s.batch = 3, s.nheads = 6, s.headdim = 4, s.dstate = 16;
+        s.itype = it, s.state_dtype = sd;
+        s.has_D = mask & 1, s.has_z = mask & 2, s.has_bias = mask & 4, s.softplus = mask & 8;
+        s.dt_dtype = s.z_dtype = ((mask ^ (mask >> 1)) & 1) ? kF32 : it;
+        if (mask & 4) s.pool = 5;
+        s.seed = ++seed;
+        EXPECT_EQ(planned_kernel(s, selscan::cuda::DecodeForce::small), selscan::StateUpdatePlan::kSmall) << s.str();
+        run_every_kernel(s, false);
+      }
+}
+
 TEST(GpuStateUpdateEquivalence, PrefillThenDecodeEqualsOneScan) {
   REQUIRE_GPU();
   uint64_t seed = 1300;
