@@ -210,7 +210,7 @@ Force parse_force(const char* value) {
 }
 
 BwdFinish parse_bwd_finish(const char* value) {
-  return value != nullptr && std::strcmp(value, "separate") == 0 ? BwdFinish::separate : BwdFinish::fold;
+  return value != nullptr && std::strcmp(value, "fold") == 0 ? BwdFinish::fold : BwdFinish::separate;
 }
 
 const Overrides& env_overrides() {

@@ -34,15 +34,15 @@ Force parse_force(const char* value);
 enum class DecodeForce { none, lean, general, small, small4 };
 // "lean", "general", "small", "small4" -> that value; anything else (NULL, "auto", ...) -> none.
 DecodeForce parse_decode_force(const char* value);
-// Where the backward's finishing runs (A/B runs): folded into the main kernel where the plan allows (the default),
-// or always the separate bwd_finish launch.
+// Where the backward's finishing runs (A/B runs): the separate bwd_finish launch (the default), or folded into the
+// main kernel where the plan allows (opt-in until the folded kernels have passed the GPU suite: none has run them).
 enum class BwdFinish { fold, separate };
-// "separate" -> separate; anything else (NULL, "fold", "auto", ...) -> fold.
+// "fold" -> fold; anything else (NULL, "separate", "auto", ...) -> separate.
 BwdFinish parse_bwd_finish(const char* value);
 struct Overrides {
   Force fwd = Force::none, bwd = Force::none;
   DecodeForce decode = DecodeForce::none;
-  BwdFinish bwd_finish = BwdFinish::fold;
+  BwdFinish bwd_finish = BwdFinish::separate;
 };
 // SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL / SELSCAN_DECODE_KERNEL / SELSCAN_BWD_FINISH, read once per process, so
 // workspace queries and calls agree.
@@ -51,10 +51,10 @@ const Overrides& env_overrides();
 // SUCCESS and the plan, or UNSUPPORTED (the chosen kernel needs more shared memory per block than the device
 // allows, or more blocks than a CUDA grid holds) with a message. Pure: no CUDA call; no allocation on success.
 Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* out);
-// The backward folds its finishing into the main kernel on dense calls unless `finish` is separate (serving calls
-// always take the separate launch: a packed row's regions are not known on the host).
+// The backward folds its finishing into the main kernel on dense calls when `finish` is fold (serving calls always
+// take the separate launch: a packed row's regions are not known on the host).
 Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out,
-                BwdFinish finish = BwdFinish::fold);
+                BwdFinish finish = BwdFinish::separate);
 
 // The causal conv1d (src/conv1d.h): the kernel and launch shape of a validated call, and the backward's workspace
 // bytes (plan->workspace). SUCCESS, or UNSUPPORTED where the grid would exceed CUDA's limits. Pure: no CUDA call.
