@@ -22,7 +22,7 @@ selective_scan_cuda (or mamba_ssm) is importable, upstream's scan through the sa
 Needs torch and transformers (MambaForCausalLM); a CUDA build of libselscan for --device cuda (the default when
 torch sees a GPU), any build for --device cpu. Exit status 0 iff the comparison is within tolerance.
 Only the selective scan is replaced, by selscan.torch.selective_scan_fn (the call mamba_ssm's kernel path makes):
-transformers >= 5 through its module-level mamba_selective_scan, older releases through MambaMixer.forward.
+transformers >= 5.15 through its module-level mamba_selective_scan, older releases through MambaMixer.forward.
 """
 
 import argparse
@@ -42,7 +42,7 @@ from selscan.torch import selective_scan_fn, selective_state_update
 
 SCAN_FN = [selective_scan_fn]  # what the patched model calls: selscan, or upstream's scan for --bench baselines
 
-# transformers >= 5 calls a module-level mamba_selective_scan (upstream's selective_scan_fn signature) from
+# transformers >= 5.15 calls a module-level mamba_selective_scan (upstream's selective_scan_fn signature) from
 # MambaMixer.forward; older releases have the scan loop inside MambaMixer.slow_forward. Both are handled.
 NEW_API = hasattr(mm, "mamba_selective_scan")
 SELSCAN_CALLS = [0]  # proof that the patched model really ran through selscan (and the reference did not)
@@ -58,7 +58,7 @@ def selscan_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, de
 
 @contextlib.contextmanager
 def scan_backend(use_selscan):
-    """transformers >= 5: swap the module's scan function for the duration of a forward/backward. Both models
+    """transformers >= 5.15: swap the module's scan function for the duration of a forward/backward. Both models
     take the unfused path (mamba_inner_fn -> None), so only the scan differs between them."""
     if not NEW_API:
         yield
@@ -239,7 +239,7 @@ def generate(args, device):
     """Greedy generation: the prompt through the scan (with its last state), then one decode step per token,
     against the same model on transformers' own path. Same tokens expected."""
     if not NEW_API or not hasattr(mm, "mamba_selective_state_update"):
-        sys.exit("--generate needs transformers >= 5 (module-level mamba_selective_scan / state_update)")
+        sys.exit("--generate needs transformers >= 5.15 (module-level mamba_selective_scan / state_update)")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     torch.manual_seed(args.seed)
     config = MambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, state_size=args.state,

@@ -5,7 +5,7 @@
     ...
     sst.disable()     # transformers' own functions again
 
-How: transformers >= 5 (tested: 5.17, 5.23, 5.24) has its mixers call five module-level functions of
+How: transformers >= 5.15 (tested: 5.15, 5.17, 5.23, 5.24) has its mixers call five module-level functions of
 transformers.models.mamba.modeling_mamba (and modeling_falcon_mamba), each bound once at import to mamba_ssm's /
 causal-conv1d's implementation when those packages import, else to a pure-PyTorch fallback (and, with the `kernels`
 package, to a hub kernel): mamba_inner_fn (the fused training path; the fallback returns None, which sends the
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 __all__ = ["enable", "disable", "is_enabled", "SUPPORTED", "TESTED_VERSIONS"]
 
-TESTED_VERSIONS = ("5.17.0", "5.23.0", "5.24.0")
+TESTED_VERSIONS = ("5.15.1", "5.17.0", "5.23.0", "5.24.0")
 
 # module -> the mixer class whose forward must read the names below from the module's globals
 SUPPORTED = {
@@ -221,22 +221,42 @@ def _inner_composed(st, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_pro
 
 
 # --------------------------------------------------------------------------------------------------- enable
+def _wrapped_names(fn):
+    """The global names read by fn and by every function it wraps: decorators (deprecate_kwarg, accelerate hooks)
+    keep the function they wrap in __wrapped__ (functools.wraps) or only in their closure (transformers 5.15's
+    force_accelerate_hooks)."""
+    names, seen, todo = set(), set(), [fn]
+    while todo and len(seen) < 32:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        code = getattr(f, "__code__", None)
+        if code is not None:
+            names.update(code.co_names)
+        if getattr(f, "__wrapped__", None) is not None:
+            todo.append(f.__wrapped__)
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(inner) and hasattr(inner, "__code__"):
+                todo.append(inner)
+    return names
+
+
 def _check_layout(module, mixer_name, version):
     mixer = getattr(module, mixer_name, None)
     missing = [n for n in _NAMES if not callable(getattr(module, n, None))]
-    # The forward is wrapped by decorators (deprecate_kwarg, accelerate hooks): the innermost function's code.
-    fwd = getattr(mixer, "forward", None)
-    while hasattr(fwd, "__wrapped__"):
-        fwd = fwd.__wrapped__
-    code = getattr(fwd, "__code__", None)
-    used = set(code.co_names) if code is not None else set()
+    used = _wrapped_names(getattr(mixer, "forward", None))
     unread = [n for n in _NAMES if n not in used]
     if mixer is None or missing or unread:
         what = (f"no {mixer_name}" if mixer is None else
                 f"missing module-level {', '.join(missing)}" if missing else
                 f"{mixer_name}.forward does not call {', '.join(unread)}")
         raise RuntimeError(f"selscan.integrations.transformers: transformers {version} is not supported ({module.__name__}:"
-                           f" {what}); supported: transformers >= 5 with the module-level kernel functions "
+                           f" {what}); supported: transformers >= 5.15, whose mixers call module-level kernel functions "
                            f"(tested: {', '.join(TESTED_VERSIONS)})")
 
 
