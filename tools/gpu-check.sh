@@ -13,8 +13,9 @@
 #      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
 #      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
 #      seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
-#      test (*GpuStateUpdate*: the 232-entry Matrix/ too), without LongSequencesConditionReport (float64 work on the
-#      host). synccheck (120 s): the same but the decode matrix, the tests forcing every decode kernel over it or
+#      test (*GpuStateUpdate*: the 232-entry Matrix/ too, on the default plan), without LongSequencesConditionReport
+#      (float64 work on the host) and the test forcing every decode kernel over the matrix (past the cap under
+#      memcheck; SmallGridsEveryKernel forces every kernel on small shapes). synccheck (120 s): the same but the decode matrix, the tests forcing every decode kernel over it or
 #      over Mamba-2's pool shape, and the general kernel's two large shapes (the smaller named decode tests take the
 #      same barriers and kernels). SANITIZERS picks tools (default all four).
 #      racecheck, the slowest tool (60 s): one test per kernel (serving forward and backward, block-state forward,
@@ -104,14 +105,20 @@ if want sanitize; then
   # otherwise run the warp-scan kernels). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ] && [ "${SANITIZE_SET:-}" = serving ]; then
+    # memcheck and initcheck: every serving and decode test but the one that forces each decode kernel over the whole
+    # 232-entry matrix (about five kernels a case: past any cap under memcheck, run 62); every kernel still runs
+    # under them forced over the small shapes (SmallGridsEveryKernel) and Mamba-2's pool shape, the matrix with the
+    # default plan. A value-parameterised test's full name starts with its instantiation's ("Matrix/"): the
+    # patterns name it with a leading '*'.
     all='GpuVarlen*:GpuBlockStates*:*GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
+    all+=':*/GpuStateUpdate.EveryKernelForcedMatchesTheOracle/*'
     # synccheck: the named tests without the two large shapes of the general kernel (45 s of the cap under this
     # tool; the smaller named tests take the same barriers), the lean kernel's pool shape kept
     named='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
     named+=':GpuStateUpdateShapes.Mamba2HeadsShape:GpuStateUpdateDst.Mamba2HeadsShapeAtWidth'
     # and the tests that force every decode kernel over many cases (the matrix, Mamba-2's pool shape): one small-grid
     # test per form stays (Mamba-1 and Mamba-2 at Bt 1 and 2, every kernel forced)
-    named+=':GpuStateUpdate.EveryKernelForcedMatchesTheOracle:GpuStateUpdateShapes.Mamba2LeanKernelWithAPool'
+    named+=':*/GpuStateUpdate.EveryKernelForcedMatchesTheOracle/*:GpuStateUpdateShapes.Mamba2LeanKernelWithAPool'
     one_each='GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.BadEntriesGiveNaNAndTouchNoSlot'
     one_each+=':GpuStateUpdateDst.MatchesTheCpuPath:GpuStateUpdateShapes.Mamba2HeadsShape'
     one_each+=':*GpuStateUpdate.MatchesTheOracle/mamba1_xfp32_statefp32'
