@@ -97,10 +97,11 @@ std::string device_name(Device d) {
   return (d.type == kCodes.cuda ? "cuda:" : "device type " + std::to_string(d.type) + ":") + std::to_string(d.index);
 }
 
-void same_device(AtenTensorHandle h, const char* name, Device x_dev) {
+// `ref` names the argument whose device the call runs on (x for the decode step, u for the scan).
+void same_device(AtenTensorHandle h, const char* name, Device ref_dev, const char* ref = "x") {
   const Device d = device_of(h, name);
-  if (d.type != x_dev.type || d.index != x_dev.index) {
-    fail(std::string(name) + " is on " + device_name(d) + " but x is on " + device_name(x_dev));
+  if (d.type != ref_dev.type || d.index != ref_dev.index) {
+    fail(std::string(name) + " is on " + device_name(d) + " but " + ref + " is on " + device_name(ref_dev));
   }
 }
 
@@ -328,7 +329,7 @@ std::optional<Tensor> row_copy(const Tensor& t, int32_t dtype, Device dev, const
 // already so, else a copy kept alive in `keep` until the call returns.
 void scan_input(selscan_tensor_t& slot, const Tensor& t, const char* name, Device dev, int32_t to, bool rows,
                 std::optional<Tensor>& keep) {
-  same_device(t.get(), name, dev);
+  same_device(t.get(), name, dev, "u");
   const Tensor* cur = &t;  // the caller's tensor, or the copy in `keep`
   const int32_t d = dtype_of(t.get(), name);
   if (d != to) {
@@ -458,7 +459,7 @@ ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor&
       fail("out_z: dtype " + dtype_label(od) + " cannot be used: the library writes out_z in u's dtype (" +
            dtype_label(it) + ")");
     }
-    same_device(out_z->get(), "out_z", dev);
+    same_device(out_z->get(), "out_z", dev, "u");
     oz = out_z;
   } else if (z) {
     oz = new_rows(3, args.u.sizes, it, dev, "out_z");
