@@ -279,10 +279,11 @@ TEST(KernelChoice, BackwardZeroesExactlyTheAtomicImages) {
     }
 }
 
-// The folded finishing (dense calls, the default): one uint32 arrival counter per region after the images, and the
-// call's one memset covers them, with the atomic images when there are (non-deterministic variable B/C), alone
-// otherwise. Its regions: per group, one parameter region per block tile (thread-states: 32-channel tile; warp-scan:
-// slot) and one variable region per (b, g) and span of time; the span keeps a region near 16384 floats.
+// The folded finishing (dense calls, opt-in: SELSCAN_BWD_FINISH=fold): one uint32 arrival counter per region after
+// the images, and the call's one memset covers them, with the atomic images when there are (non-deterministic
+// variable B/C), alone otherwise. Its regions: per group, one parameter region per block tile (thread-states:
+// 32-channel tile; warp-scan: slot) and one variable region per (b, g) and span of time; the span keeps a region
+// near 16384 floats.
 TEST(KernelChoice, BackwardFoldedFinishingLayout) {
   struct Row {
     Shape s;
