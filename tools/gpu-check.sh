@@ -105,13 +105,13 @@ if want sanitize; then
   # otherwise run the warp-scan kernels). SANITIZE_TIMEOUT caps each tool's run (seconds).
   gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
   if [ -n "$gpu_tests" ] && [ "${SANITIZE_SET:-}" = serving ]; then
-    # memcheck and initcheck: every serving and decode test but the one that forces each decode kernel over the whole
-    # 232-entry matrix (about five kernels a case: past any cap under memcheck, run 62); every kernel still runs
-    # under them forced over the small shapes (SmallGridsEveryKernel) and Mamba-2's pool shape, the matrix with the
-    # default plan. A value-parameterised test's full name starts with its instantiation's ("Matrix/"): the
+    # memcheck and initcheck: every serving and decode test but the two that force each decode kernel over many large
+    # cases: the 232-entry matrix (past any cap under memcheck, run 62) and Mamba-2's pool shape (12 cases at 7.9 M
+    # states, 125 s under memcheck alone, run 66); every kernel still runs under them forced over the small shapes
+    # (SmallGridsEveryKernel), the matrix with the default plan. A value-parameterised test's full name starts with its instantiation's ("Matrix/"): the
     # patterns name it with a leading '*'.
     all='GpuVarlen*:GpuBlockStates*:*GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
-    all+=':*/GpuStateUpdate.EveryKernelForcedMatchesTheOracle/*'
+    all+=':*/GpuStateUpdate.EveryKernelForcedMatchesTheOracle/*:GpuStateUpdateShapes.Mamba2LeanKernelWithAPool'
     # synccheck: the named tests without the two large shapes of the general kernel (45 s of the cap under this
     # tool; the smaller named tests take the same barriers), the lean kernel's pool shape kept
     named='GpuVarlen*:GpuBlockStates*:GpuStateUpdate*-GpuVarlen.LongSequencesConditionReport'
