@@ -35,7 +35,8 @@ enum class DecodeForce { none, lean, general, small, small4 };
 // "lean", "general", "small", "small4" -> that value; anything else (NULL, "auto", ...) -> none.
 DecodeForce parse_decode_force(const char* value);
 // Where the backward's finishing runs (A/B runs): the separate bwd_finish launch (the default), or folded into the
-// main kernel where the plan allows (opt-in until the folded kernels have passed the GPU suite: none has run them).
+// main kernel where the plan allows: an A/B switch, not a default (on an H200 the folded kernels save 4-7 µs of host
+// time a call but take 17-42% more GPU time, more in deterministic mode; validation/optimisation-log.md).
 enum class BwdFinish { fold, separate };
 // "fold" -> fold; anything else (NULL, "separate", "auto", ...) -> separate.
 BwdFinish parse_bwd_finish(const char* value);
