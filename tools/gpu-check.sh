@@ -14,8 +14,9 @@
 #      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
 #      seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
 #      test (*GpuStateUpdate*: the 232-entry Matrix/ too, on the default plan), without LongSequencesConditionReport
-#      (float64 work on the host) and the test forcing every decode kernel over the matrix (past the cap under
-#      memcheck; SmallGridsEveryKernel forces every kernel on small shapes). synccheck (120 s): the same but the decode matrix, the tests forcing every decode kernel over it or
+#      (float64 work on the host) and the tests forcing every decode kernel over the matrix or over Mamba-2's pool
+#      shape (past the cap under memcheck; SmallGridsEveryKernel forces every kernel on small shapes): 253 tests,
+#      about 100 s each on an H200 (run 67). synccheck (120 s): the same but the decode matrix, the tests forcing every decode kernel over it or
 #      over Mamba-2's pool shape, and the general kernel's two large shapes (the smaller named decode tests take the
 #      same barriers and kernels). SANITIZERS picks tools (default all four).
 #      racecheck, the slowest tool (60 s): one test per kernel (serving forward and backward, block-state forward,
