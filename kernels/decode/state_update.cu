@@ -489,25 +489,68 @@ __device__ __forceinline__ float f32_or(bool f32, uint32_t v) {
 template <int L>
 constexpr int kSmallMinBlocks = (L == 4 ? 12 : 8) < kSmBlocks ? (L == 4 ? 12 : 8) : kSmBlocks;
 
+// kSmall's kernel parameters, packed by the launcher from StateUpdate and the plan: 240 bytes (StateUpdate and the
+// plan together are 544). A launch's parameters are a fresh copy in memory, so at the kernel's start every constant
+// line it reads is a miss on every SM, and a warp stalls at issue on each one, one after another. So the block is
+// small and ordered by first use, in 64-byte lines:
+// - [0x210, 0x240), with the global-memory descriptor at 0x208: all the no-index path reads before the state's
+//   load (`direct` is a flag, so idx and dst are not read for it), then x;
+// - [0x240, 0x300): the other inputs in the order the kernel loads them, while the state is in flight. out's fields
+//   sit among them, before z's: ptxas computes out's address after the reduction, so its line must already be
+//   cached by then. The index path's fields come last.
+// Strides and channel offsets in elements, 32-bit: plan_small checks every channel offset and every row stride of
+// a dimension with more than one entry fits (a dimension of one entry is packed as 0). Products with the sequence
+// or slot index stay 64-bit.
+struct SmallArgs {
+  void* state;
+  uint32_t s_row, s_h, s_p;  // state: slot, head, head-dim strides
+  uint32_t channels, P;      // heads * headdim, headdim
+  uint32_t p_mul, g_mul;     // c / P and h / heads_per_group by fast_div
+  uint8_t lane_bits, p_shift, g_shift, flags;  // flags: kSmall* below
+  const void* x;
+  uint32_t x_row, x_h, x_p, dt_row;
+  const void* dt;
+  uint32_t dt_h, dt_p;
+  const void *B, *C;
+  uint32_t B_row, B_g, C_row, C_g;
+  const float* A;
+  uint32_t A_h, A_p;
+  const float* dt_bias;
+  uint32_t bias_h, bias_p;
+  const float* D;
+  uint32_t D_h, D_p;
+  void* out;
+  uint32_t out_row, out_h, out_p, z_row;
+  const void* z;
+  uint32_t z_h, z_p;
+  const void *idx, *dst;
+  int64_t pad_slot, slots;
+  uint32_t idx_row, dst_row;
+};
+static_assert(sizeof(SmallArgs) == 240, "kSmall's parameter block: one 256-byte span from 0x210 on");
+constexpr uint8_t kSmallDirect = 1, kSmallDtF32 = 2, kSmallZF32 = 4, kSmallSoftplus = 8, kSmallIdx64 = 16,
+                  kSmallDst64 = 32;
+
 template <typename S, typename I, bool kAConst, int L>
-__global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_small(const StateUpdate p,
-                                                                                 const StateUpdatePlan plan) {
+__global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_small(const SmallArgs p) {
   static_assert(sizeof(I) == 2 && (sizeof(S) == 4 || std::is_same_v<S, I>), "16-bit inputs; a 16-bit state is x's");
   constexpr int WS = L * static_cast<int>(sizeof(S)) / 4;  // words of a lane's state
   constexpr int WH = L / 2;                                 // words of a lane's 16-bit B or C
-  const unsigned P = static_cast<unsigned>(p.headdim);
-  const LaneChannel lc = lane_channel(p, plan);
-  const unsigned lane = lc.lane, c = lc.c;
-  const bool live = lc.live;
-  const unsigned h = fast_div(c, plan.p_mul, plan.p_shift);
+  const unsigned P = p.P;
+  const unsigned gtid = blockIdx.x * kThreads + threadIdx.x;
+  const unsigned lane = gtid & ((1u << p.lane_bits) - 1u);
+  // Threads past the last channel serve a copy of the last one (every lane takes part in the shuffles) and store
+  // nothing.
+  const bool live = (gtid >> p.lane_bits) < p.channels;
+  const unsigned c = live ? gtid >> p.lane_bits : p.channels - 1;
+  const unsigned h = fast_div(c, p.p_mul, p.p_shift);
   const unsigned pp = c - h * P;
-  const unsigned g = fast_div(h, plan.g_mul, plan.g_shift);
+  const unsigned g = fast_div(h, p.g_mul, p.g_shift);
   const unsigned n0 = lane * L;
   const bool writer = live && lane == 0;
   const int64_t b = blockIdx.y;  // the plan keeps batch within grid.y's limit
-  // A channel's offset within its row: unsigned 32-bit products (the plan checked the largest fits; a dim of one
-  // element has index 0, so its stride's truncation is harmless).
-  const auto off = [&](const int64_t* s) { return h * static_cast<unsigned>(s[0]) + pp * static_cast<unsigned>(s[1]); };
+  // A channel's offset within its row: unsigned 32-bit products (the plan checked the largest fits).
+  const auto off = [&](unsigned sh, unsigned sp) { return h * sh + pp * sp; };
 
   // The order of the loads is the critical path's. ptxas tracks all these loads on one scoreboard, so the first
   // instruction that reads a loaded register waits for every load issued before it, the state's included. So: the
@@ -517,24 +560,24 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
   // state's issue, and no input is loaded under a branch that opens between the state's issue and the last load
   // (before this order, z's load sat behind such a merge and made a second round trip after the state's).
   // Tracking the state apart (cp.async into shared memory) measured slower: ptxas issued it after the other loads.
-  const unsigned cs = off(p.sstate + 1) + n0;
-  const bool direct = p.idx == nullptr && p.dst == nullptr;
+  const unsigned cs = off(p.s_h, p.s_p) + n0;
+  const bool direct = p.flags & kSmallDirect;
   int64_t slot = b, dslot = b;
   if (!direct) {
-    if (p.idx != nullptr) slot = slot_at(p.idx, p.idx64, p.sidx, b);
-    dslot = p.dst != nullptr ? slot_at(p.dst, p.dst64, p.sdst, b) : slot;
+    if (p.idx != nullptr) slot = slot_at(p.idx, p.flags & kSmallIdx64, p.idx_row, b);
+    dslot = p.dst != nullptr ? slot_at(p.dst, p.flags & kSmallDst64, p.dst_row, b) : slot;
   }
   uint32_t s_raw[WS];
-  if (direct) ld_words<WS, true>(static_cast<const S*>(p.state) + b * p.sstate[0] + cs, s_raw);
-  const uint32_t x_raw = __ldg(static_cast<const unsigned short*>(p.x) + b * p.sx[0] + off(p.sx + 2));
-  const bool dt_f32 = p.dt_t == Dtype::f32, z_f32 = p.z_t == Dtype::f32;
-  const uint32_t dt_raw = ld_raw_row(dt_f32, p.dt, b * p.sdt[0], off(p.sdt + 2));
-  const unsigned ob = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sB[2]));
-  const unsigned oc = static_cast<unsigned>(n0 + g * static_cast<unsigned>(p.sC[2]));
+  if (direct) ld_words<WS, true>(static_cast<const S*>(p.state) + b * p.s_row + cs, s_raw);
+  const uint32_t x_raw = __ldg(static_cast<const unsigned short*>(p.x) + b * p.x_row + off(p.x_h, p.x_p));
+  const bool dt_f32 = p.flags & kSmallDtF32, z_f32 = p.flags & kSmallZF32;
+  const uint32_t dt_raw = ld_raw_row(dt_f32, p.dt, b * p.dt_row, off(p.dt_h, p.dt_p));
+  const unsigned ob = n0 + g * p.B_g;
+  const unsigned oc = n0 + g * p.C_g;
   uint32_t B_raw[WH], C_raw[WH];
-  ld_words<WH, false>(static_cast<const unsigned short*>(p.B) + b * p.sB[0] + ob, B_raw);
-  ld_words<WH, false>(static_cast<const unsigned short*>(p.C) + b * p.sC[0] + oc, C_raw);
-  const float* A = static_cast<const float*>(p.A) + off(p.sA);
+  ld_words<WH, false>(static_cast<const unsigned short*>(p.B) + b * p.B_row + ob, B_raw);
+  ld_words<WH, false>(static_cast<const unsigned short*>(p.C) + b * p.C_row + oc, C_raw);
+  const float* A = p.A + off(p.A_h, p.A_p);
   float a[kAConst ? 1 : L];
   if constexpr (kAConst) {
     a[0] = __ldg(A);
@@ -544,17 +587,17 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
 #pragma unroll
     for (int j = 0; j < L; ++j) a[j] = __uint_as_float(aw[j]);
   }
-  const float bias = p.dt_bias != nullptr ? __ldg(static_cast<const float*>(p.dt_bias) + off(p.sbias)) : 0.f;
+  const float bias = p.dt_bias != nullptr ? __ldg(p.dt_bias + off(p.bias_h, p.bias_p)) : 0.f;
   // Only a channel's first lane writes out, but every lane loads its D and z: the same address, so the same
   // transaction, and no branch on the lane.
-  const float Dv = p.D != nullptr ? __ldg(static_cast<const float*>(p.D) + off(p.sD)) : 0.f;
-  const uint32_t z_raw = p.z != nullptr ? ld_raw_row(z_f32, p.z, b * p.sz[0], off(p.sz + 2)) : 0u;
-  I* const out = static_cast<I*>(p.out) + b * p.sout[0] + off(p.sout + 2);
+  const float Dv = p.D != nullptr ? __ldg(p.D + off(p.D_h, p.D_p)) : 0.f;
+  const uint32_t z_raw = p.z != nullptr ? ld_raw_row(z_f32, p.z, b * p.z_row, off(p.z_h, p.z_p)) : 0u;
+  I* const out = static_cast<I*>(p.out) + b * p.out_row + off(p.out_h, p.out_p);
 
   S* dst;             // the slot written (formed for a padding destination too, but then never used)
   bool store = live;  // whether this thread writes its states
   if (direct) {
-    dst = static_cast<S*>(p.state) + b * p.sstate[0] + cs;
+    dst = static_cast<S*>(p.state) + b * p.s_row + cs;
   } else {
     // Uniform over the block: padding (out 0) or a slot outside the pool (out NaN) touch no slot; so does a
     // destination that is padding, but it writes out.
@@ -569,15 +612,15 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
       if (writer) *out = from_f32<I>(kind == kPad ? 0.f : __int_as_float(0x7fffffff));
       return;
     }
-    ld_words<WS, true>(static_cast<const S*>(p.state) + slot * p.sstate[0] + cs, s_raw);
-    dst = static_cast<S*>(p.state) + dslot * p.sstate[0] + cs;
+    ld_words<WS, true>(static_cast<const S*>(p.state) + slot * p.s_row + cs, s_raw);
+    dst = static_cast<S*>(p.state) + dslot * p.s_row + cs;
     store = live && (p.dst == nullptr || to_dst);
   }
 
   // The dt path, then the update: both after every load has arrived (the one scoreboard), so their order is ptxas's.
   const float x = half_f32<I>(x_raw);
   float dt = f32_or<I>(dt_f32, dt_raw) + bias;
-  if (p.softplus) dt = softplus(dt);
+  if (p.flags & kSmallSoftplus) dt = softplus(dt);
   float Bv[L], Cv[L], dA[kAConst ? 1 : L];
   half_words_f32<I, L>(B_raw, Bv);
   half_words_f32<I, L>(C_raw, Cv);
@@ -598,6 +641,9 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
     f32_words<S, L>(s, w);
     st_words_cs<WS>(dst, w);
   }
+  // Every lane of the warp reaches this (the index path's early returns are uniform over the block). It keeps the
+  // state's stores ahead of the reduction: without it ptxas sank them below the shuffles.
+  __syncwarp();
   float y0 = 0.f, y1 = 0.f;
 #pragma unroll
   for (int j = 0; j < L; j += 2) {
@@ -605,8 +651,48 @@ __global__ void __launch_bounds__(kThreads, kSmallMinBlocks<L>) state_update_sma
     y1 = fmaf(s[j + 1], Cv[j + 1], y1);
   }
   float y = y0 + y1;
-  for (int o = plan.lanes >> 1; o > 0; o >>= 1) y += __shfl_xor_sync(kFullMask, y, o);
+  for (unsigned o = (1u << p.lane_bits) >> 1; o > 0; o >>= 1) y += __shfl_xor_sync(kFullMask, y, o);
   if (writer) *out = from_f32<I>((y + xD) * gate);
+}
+
+// kSmall's parameter block from the call and its plan; false where a stride plan_small should have kept off kSmall
+// needs 64 bits (a dimension of one entry has index 0: its stride is packed as 0, whatever it is).
+bool pack_small(const StateUpdate& p, const StateUpdatePlan& plan, SmallArgs* a) {
+  bool fits = true;
+  const auto u32 = [&](int64_t count, int64_t stride) {
+    if (count <= 1) return 0u;
+    if (stride < 0 || stride > int64_t{UINT32_MAX}) fits = false;
+    return static_cast<uint32_t>(stride);
+  };
+  const int64_t H = p.heads, P = p.headdim, rows = p.batch;
+  const int64_t slots = p.slots > p.batch ? p.slots : p.batch;
+  *a = SmallArgs{};
+  a->state = p.state;
+  a->s_row = u32(slots, p.sstate[0]), a->s_h = u32(H, p.sstate[1]), a->s_p = u32(P, p.sstate[2]);
+  a->channels = static_cast<uint32_t>(H * P), a->P = static_cast<uint32_t>(P);
+  a->p_mul = plan.p_mul, a->g_mul = plan.g_mul;
+  a->lane_bits = static_cast<uint8_t>(plan.lane_bits);
+  a->p_shift = static_cast<uint8_t>(plan.p_shift), a->g_shift = static_cast<uint8_t>(plan.g_shift);
+  a->flags = static_cast<uint8_t>((p.idx == nullptr && p.dst == nullptr ? kSmallDirect : 0) |
+                                  (p.dt_t == Dtype::f32 ? kSmallDtF32 : 0) | (p.z_t == Dtype::f32 ? kSmallZF32 : 0) |
+                                  (p.softplus ? kSmallSoftplus : 0) | (p.idx64 ? kSmallIdx64 : 0) |
+                                  (p.dst64 ? kSmallDst64 : 0));
+  a->x = p.x, a->x_row = u32(rows, p.sx[0]), a->x_h = u32(H, p.sx[2]), a->x_p = u32(P, p.sx[3]);
+  a->dt = p.dt, a->dt_row = u32(rows, p.sdt[0]), a->dt_h = u32(H, p.sdt[2]), a->dt_p = u32(P, p.sdt[3]);
+  a->B = p.B, a->B_row = u32(rows, p.sB[0]), a->B_g = u32(p.groups, p.sB[2]);
+  a->C = p.C, a->C_row = u32(rows, p.sC[0]), a->C_g = u32(p.groups, p.sC[2]);
+  a->A = static_cast<const float*>(p.A), a->A_h = u32(H, p.sA[0]), a->A_p = u32(P, p.sA[1]);
+  a->dt_bias = static_cast<const float*>(p.dt_bias);
+  if (p.dt_bias != nullptr) a->bias_h = u32(H, p.sbias[0]), a->bias_p = u32(P, p.sbias[1]);
+  a->D = static_cast<const float*>(p.D);
+  if (p.D != nullptr) a->D_h = u32(H, p.sD[0]), a->D_p = u32(P, p.sD[1]);
+  a->z = p.z;
+  if (p.z != nullptr) a->z_row = u32(rows, p.sz[0]), a->z_h = u32(H, p.sz[2]), a->z_p = u32(P, p.sz[3]);
+  a->out = p.out, a->out_row = u32(rows, p.sout[0]), a->out_h = u32(H, p.sout[2]), a->out_p = u32(P, p.sout[3]);
+  a->idx = p.idx, a->dst = p.dst, a->pad_slot = p.pad_slot, a->slots = p.slots;
+  if (p.idx != nullptr) a->idx_row = u32(rows, p.sidx);
+  if (p.dst != nullptr) a->dst_row = u32(rows, p.sdst);
+  return fits;
 }
 
 }  // namespace
@@ -630,6 +716,10 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
        (p.state_t != Dtype::f32 && p.state_t != p.x_t)))
     return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: the small-grid kernel needs 16-bit x, B and C of "
                                          "x's dtype, and the state fp32 or x's dtype");
+  SmallArgs args;
+  if (plan.kernel == StateUpdatePlan::kSmall && !pack_small(p, plan, &args))
+    return fail(SELSCAN_STATUS_INTERNAL, "state update launcher: a stride of the small-grid kernel's call needs 64 "
+                                         "bits (the plan should have kept it on the lean kernel)");
   const auto launch = [&](auto state_tag) {
     using S = decltype(state_tag);
     if (plan.kernel == StateUpdatePlan::kSmall) {
@@ -638,8 +728,8 @@ Status launch_state_update(const StateUpdate& p, const StateUpdatePlan& plan, vo
       const auto small = [&](auto in_tag, auto states) {
         using I = decltype(in_tag);
         constexpr int L = decltype(states)::value;
-        if (plan.a_const) state_update_small<S, I, true, L><<<grid(1), kThreads, 0, s>>>(p, plan);
-        else state_update_small<S, I, false, L><<<grid(1), kThreads, 0, s>>>(p, plan);
+        if (plan.a_const) state_update_small<S, I, true, L><<<grid(1), kThreads, 0, s>>>(args);
+        else state_update_small<S, I, false, L><<<grid(1), kThreads, 0, s>>>(args);
       };
       const auto small_in = [&](auto states) {
         if constexpr (sizeof(S) == 2) small(S{}, states);

@@ -556,7 +556,15 @@ bool plan_small(const StateUpdate& p, int states, StateUpdatePlan* plan) {
       (p.D == nullptr || offsets_fit_u32({{H, p.sD[0]}, {P, p.sD[1]}})) &&
       (p.dt_bias == nullptr || offsets_fit_u32({{H, p.sbias[0]}, {P, p.sbias[1]}})) &&
       offsets_fit_u32({{H, p.sstate[1]}, {P, p.sstate[2]}, {N, p.sstate[3]}});
-  if (!fits) return false;
+  // The row strides too (kSmall's parameter block holds every stride in 32 bits; the products with the sequence or
+  // slot index stay 64-bit): each one of a dimension with more than one entry.
+  const auto row_fits = [](int64_t count, int64_t stride) { return count <= 1 || stride <= int64_t{UINT32_MAX}; };
+  const int64_t rows = p.batch, slots = p.slots > p.batch ? p.slots : p.batch;
+  const bool rows_fit = row_fits(slots, p.sstate[0]) && row_fits(rows, p.sx[0]) && row_fits(rows, p.sdt[0]) &&
+                        row_fits(rows, p.sout[0]) && (p.z == nullptr || row_fits(rows, p.sz[0])) &&
+                        row_fits(rows, p.sB[0]) && row_fits(rows, p.sC[0]) &&
+                        (p.idx == nullptr || row_fits(rows, p.sidx)) && (p.dst == nullptr || row_fits(rows, p.sdst));
+  if (!fits || !rows_fit) return false;
   StateUpdatePlan q = *plan;
   if (states != StateUpdatePlan::kLeanStates && !plan_lean(p, &q, states)) return false;
   q.kernel = StateUpdatePlan::kSmall;

@@ -307,6 +307,22 @@ TEST(StateUpdatePlan, SmallOverrides) {
         EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::none).kernel, kLean) << s.str();
         p.sx[2] = int64_t{1} << 29;  // 7 x 2^29 + 3 x sx[3] < 2^32
         EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kSmall) << s.str();
+        // kSmall's parameter block holds the row strides in 32 bits too: a batch stride past 2^32 keeps the lean
+        // kernel where the batch has more than one sequence, and is harmless (index 0 only) where it has one.
+        const int64_t batch = p.batch, sB0 = p.sB[0], sstate0 = p.sstate[0], slots = p.slots;
+        p.batch = 2, p.slots = 2;
+        p.sB[0] = int64_t{1} << 32;
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kLean) << s.str();
+        p.sB[0] = UINT32_MAX - 7;  // the largest that fits and keeps B's 16-byte loads aligned
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kSmall) << s.str();
+        p.batch = 1, p.slots = 1;
+        p.sB[0] = int64_t{1} << 40;
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kSmall) << s.str();
+        p.sB[0] = sB0;
+        p.slots = 3;  // the slot stride counts over the pool, not the batch
+        p.sstate[0] = int64_t{1} << 32;
+        EXPECT_EQ(selscan::cuda::plan_state_update(p, DecodeForce::small).kernel, kLean) << s.str();
+        p.batch = batch, p.sstate[0] = sstate0, p.slots = slots;
 
         s.tokens = 2;
         c = make_state_update_case(s);
