@@ -37,7 +37,7 @@ Status plan_call(Op op, const Problem& p, int32_t device, CudaCall* c) {
   const cuda::Overrides& force = cuda::env_overrides();
   if (Status s = cuda::device_props(device, &c->dev); s != SELSCAN_STATUS_SUCCESS) return s;
   if (op == Op::fwd) return cuda::plan_fwd(p, *c->dev, force.fwd, &c->fwd);  // the forward needs no workspace
-  if (Status s = cuda::plan_bwd(p, *c->dev, force.bwd, &c->bwd, force.bwd_finish); s != SELSCAN_STATUS_SUCCESS) return s;
+  if (Status s = cuda::plan_bwd(p, *c->dev, force.bwd, &c->bwd); s != SELSCAN_STATUS_SUCCESS) return s;
   c->workspace = c->bwd.total;
   return SELSCAN_STATUS_SUCCESS;
 }

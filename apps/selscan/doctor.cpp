@@ -278,8 +278,7 @@ LibraryFacts library_facts(Report& r) {
   }
   // Kernel-choice overrides (docs/abi.md): results stay within tolerance, but timings differ from a default run.
   for (const char* var :
-       {"SELSCAN_FWD_KERNEL", "SELSCAN_BWD_KERNEL", "SELSCAN_BWD_FINISH", "SELSCAN_DECODE_KERNEL",
-        "SELSCAN_CPU_KERNELS"}) {
+       {"SELSCAN_FWD_KERNEL", "SELSCAN_BWD_KERNEL", "SELSCAN_DECODE_KERNEL", "SELSCAN_CPU_KERNELS"}) {
     const char* v = std::getenv(var);
     if (v != nullptr && *v != '\0')
       r.add(Level::info, fmt::format("{}={} is set: kernel choice forced (meant for A/B runs; unset it for the "

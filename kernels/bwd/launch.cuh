@@ -1,7 +1,6 @@
 // The backward launch for one itype: the main kernel the plan names (thread-states, ts.cuh, or warp-scan, warp.cuh;
-// src/cuda/select.cpp chose it), then the fixed-order parameter sums and the variable dB/dC conversion both share:
-// inside the main kernel when the plan folds them (reduce.cuh, "folded finishing"), else as one more launch
-// (bwd_finish). Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
+// src/cuda/select.cpp chose it), then the fixed-order parameter sums and the variable dB/dC conversion both share
+// (reduce.cuh, one launch). Included by the per-itype instance files (f32.cu, f16.cu, bf16.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,48 +44,34 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
   a.vb = p.var_B ? reinterpret_cast<float*>(base + plan.off_vb) : nullptr;
   a.vc = p.var_C ? reinterpret_cast<float*>(base + plan.off_vc) : nullptr;
 
-  if (plan.zero_bytes > 0 && cudaMemsetAsync(base + plan.zero_off, 0, plan.zero_bytes, st) != cudaSuccess)
-    return launch_status("backward: launching cudaMemsetAsync(dB/dC images, region counters)");
-
-  Fold fold{};
-  if (plan.fold) {
-    fold.pctr = reinterpret_cast<unsigned*>(base + plan.off_cnt);
-    fold.vctr = fold.pctr + plan.fold_params;
-    fold.span = plan.fold_span;
-    fold.spans = (p.seqlen + plan.fold_span - 1) / plan.fold_span;
-    fold.images = plan.images;
-  }
+  if (plan.zero_bytes > 0 && cudaMemsetAsync(base + plan.off_vb, 0, plan.zero_bytes, st) != cudaSuccess)
+    return launch_status("backward: launching cudaMemsetAsync(dB/dC images)");
 
   if (plan.kernel == cuda::Kernel::ts) {
     if constexpr (!kC) {
-      static SmemLimit limit, fold_limit;
-      auto kfn = plan.fold ? ts::bwd_ts_kernel<T, true> : ts::bwd_ts_kernel<T, false>;
-      if (Status s = (plan.fold ? fold_limit : limit)
-                         .raise(kfn, plan.ts.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+      static SmemLimit limit;
+      auto kfn = ts::bwd_ts_kernel<T>;
+      if (Status s = limit.raise(kfn, plan.ts.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
           s != SELSCAN_STATUS_SUCCESS)
         return s;
       kfn<<<static_cast<unsigned>(plan.ts.grid), plan.ts.threads, plan.ts.smem, st>>>(
-          a, ts::shape_of(plan.ts), reinterpret_cast<float4*>(base + plan.off_ck), fold);
+          a, ts::shape_of(plan.ts), reinterpret_cast<float4*>(base + plan.off_ck));
       if (Status s = launch_status("backward: launching the thread-states backward kernel");
           s != SELSCAN_STATUS_SUCCESS)
         return s;
     }
   } else {
-    // Serving calls (real weights only, validate.cpp) take the warp-scan kernel's serving variant, which never
-    // folds (the plan says so).
-    static SmemLimit limit, serving_limit, fold_limit;
+    // Serving calls (real weights only, validate.cpp) take the warp-scan kernel's serving variant.
+    static SmemLimit limit, serving_limit;
     const bool serving = !kC && p.serving;
-    auto kfn = serving     ? bwd_warp_kernel<T, kC, !kC, false>
-               : plan.fold ? bwd_warp_kernel<T, kC, false, true>
-                           : bwd_warp_kernel<T, kC, false, false>;
-    SmemLimit& lim = serving ? serving_limit : plan.fold ? fold_limit : limit;
-    if (Status s = lim.raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+    auto kfn = serving ? bwd_warp_kernel<T, kC, !kC> : bwd_warp_kernel<T, kC, false>;
+    if (Status s = (serving ? serving_limit : limit)
+                       .raise(kfn, plan.warp.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
         s != SELSCAN_STATUS_SUCCESS)
       return s;
-    kfn<<<static_cast<unsigned>(plan.warp.blocks), 32 * plan.warp.warps, plan.warp.smem, st>>>(a, fold);
+    kfn<<<static_cast<unsigned>(plan.warp.blocks), 32 * plan.warp.warps, plan.warp.smem, st>>>(a);
     if (Status s = launch_status("backward: launching the backward kernel"); s != SELSCAN_STATUS_SUCCESS) return s;
   }
-  if (plan.fold) return SELSCAN_STATUS_SUCCESS;
 
   FinishArgs f{};
   f.batch = p.batch;

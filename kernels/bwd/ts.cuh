@@ -110,11 +110,8 @@ __device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
   *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// kFold: the kernel also finishes the call (reduce.cuh, "folded finishing"); without it `fin` is not read and
-// bwd_finish follows.
-template <typename T, bool kFold = false>
-__global__ void __launch_bounds__(kCh * kMaxTpc, 3)
-    bwd_ts_kernel(const Args args, const Shape pl, float4* ck, const Fold fin) {
+template <typename T>
+__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck) {
   constexpr int isz = static_cast<int>(sizeof(T));
   constexpr int VE = 16 / isz;   // itype elements per 16-byte chunk
   constexpr int QPR = kTT / VE;  // chunks per raw tile row
@@ -500,7 +497,6 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3)
       const int64_t cs = c * kChunk;
       const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
       const int nt = static_cast<int>((clen + kTT - 1) / kTT);
-      [[maybe_unused]] unsigned fmask = 0;  // kFold, thread 0: the chunk's variable regions this block completed
       float h[kS];
       {
         float bf[kS];
@@ -551,21 +547,6 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3)
         }
         __syncthreads();
         epilogue(t0);
-        // The lowest tile of a variable region's span is this block's last in it (tiles run in reverse and spans
-        // divide chunks).
-        if constexpr (kFold) {
-          if ((varB || varC) && t0 % fin.span == 0) {
-            __syncthreads();  // every thread's image writes of the span are issued
-            if (tid == 0 && fold_count(fin.vctr + (b * G + g) * fin.spans + t0 / fin.span,
-                                       static_cast<unsigned>(pl.tiles)))
-              fmask |= 1u << ((t0 - cs) / fin.span);
-          }
-        }
-      }
-      if constexpr (kFold) {  // the chunk's variable regions this block completed
-        if (varB || varC)
-          for (int k = 0; k * fin.span < clen; ++k)
-            if (__syncthreads_or((fmask >> k) & 1u)) fold_var_region<T, 1>(args, fin, b, g, cs / fin.span + k, L);
       }
     }
 
@@ -593,9 +574,6 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3)
       args.ps[Bt * D + bdc] = sb;
     }
     __syncthreads();  // sE and myacc are reset by the next item
-    if constexpr (kFold) {
-      fold_params_region<false>(args, fin.pctr + g * pl.tiles + tile, static_cast<unsigned>(Bt), c0, c0 + nch);
-    }
   }
 }
 

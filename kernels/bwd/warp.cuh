@@ -202,11 +202,9 @@ __device__ void bwd_skip(const Args& args, int64_t b, int64_t g, int64_t slot, c
 
 // kServing: the variant for serving calls (as the forward's, kernels/fwd/warp.cuh): each sequence's offsets and
 // flags read on the device; the dense variant's code is the expressions below with the sequence folded to batch
-// row b over [0, seqlen). kFold (dense calls only): the kernel also finishes the call (reduce.cuh, "folded
-// finishing"); without it `fin` is not read and bwd_finish follows.
-template <typename T, bool kC, bool kServing, bool kFold = false>
-__global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args args, const Fold fin) {
-  static_assert(!(kServing && kFold), "serving calls finish in bwd_finish");
+// row b over [0, seqlen).
+template <typename T, bool kC, bool kServing>
+__global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args args) {
   using W = typename Weights<kC>::W;
   constexpr int K = kItems;
   constexpr int kCw = Weights<kC>::kCw;
@@ -300,7 +298,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
         const int64_t cs = c * kChunk;
         const int64_t clen = (L - cs < kChunk) ? (L - cs) : kChunk;
         const int np = static_cast<int>((clen + kPiece - 1) / kPiece);
-        [[maybe_unused]] unsigned fmask = 0;  // kFold, thread 0: the chunk's variable regions this block completed
         // Seed: the scanned state before the chunk.
         for (int64_t n = lane; n < N; n += 32) {
           W s0 = wzero<W>();
@@ -669,14 +666,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
               __syncthreads();
             }
           }
-          // The lowest piece of a variable region's span is this block's last in it (pieces run in reverse and spans
-          // divide chunks); the barrier ending the last state tile's reduction above follows its last image write.
-          if constexpr (kFold) {
-            if (nvar > 0 && p0 % fin.span == 0 && threadIdx.x == 0 &&
-                fold_count(fin.vctr + (b * G + g) * fin.spans + p0 / fin.span,
-                           static_cast<unsigned>(args.tiles_per_group)))
-              fmask |= 1u << ((p0 - cs) / fin.span);
-          }
 
           // Softplus chain, then the per-step gradients.
           if (p.softplus) {
@@ -698,14 +687,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
           }
           __syncwarp();
         }
-        if constexpr (kFold) {  // the chunk's variable regions this block completed (at most kPiecesPerChunk)
-          if (nvar > 0)
-            for (int k = 0; k * fin.span < clen; ++k)
-              if (__syncthreads_or((fmask >> k) & 1u)) fold_var_region<T, kCw>(args, fin, b, g, cs / fin.span + k, L);
-        }
       }
 
-      // Per-(b,d) partials (summed over batch by bwd_finish, or by the folded finishing) and dh0.
+      // Per-(b,d) partials (summed over batch by bwd_finish) and dh0.
       dD_l = warp_sum(dD_l);
       ddb_l = warp_sum(ddb_l);
       if (active) {
@@ -731,13 +715,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) bwd_warp_kernel(const Args 
         }
       }
       __syncwarp();
-    }
-    if constexpr (kFold) {
-      __syncthreads();  // every warp's per-(b, d) partials of the slot are written
-      const int64_t c0 = slot * args.tiles_per_slot * nwarps;
-      const int64_t c1 = c0 + args.tiles_per_slot * nwarps;
-      fold_params_region<kC>(args, fin.pctr + g * args.slots + slot, static_cast<unsigned>(p.batch), g * cpg + c0,
-                             g * cpg + (c1 < cpg ? c1 : cpg));
     }
   }
 }

@@ -210,17 +210,7 @@ struct BwdPlan {
   int64_t var_elems = 0;     // Bt*G*N*Lp floats of one variable dB/dC image
   int64_t var_row = 0;       // Lp = L*cw rounded up to a multiple of 4 (whole float4 atomics)
   size_t off_pw = 0, off_ps = 0, off_vb = 0, off_vc = 0, off_ck = 0, total = 0;  // workspace layout (bytes)
-  // The finishing (fixed-order parameter sums over batch, variable dB/dC conversion) inside the main kernel: the
-  // last block to arrive at a region finishes it (kernels/bwd/reduce.cuh, "Folded finishing"), so the call has no
-  // second launch. Otherwise the separate bwd_finish launch does it all.
-  bool fold = false;
-  int64_t fold_span = 0;    // time steps per variable dB/dC region: a multiple of bwd_warp::kPiece dividing kChunk
-  int64_t fold_params = 0;  // parameter regions: groups x (warp-scan: slots; thread-states: channel tiles)
-  int64_t fold_vars = 0;    // variable dB/dC regions: batch x groups x ceil(seqlen / fold_span), 0 without
-  size_t off_cnt = 0;       // the regions' arrival counters, uint32 [fold_params][fold_vars]
-  // One memset per call: [zero_off, zero_off + zero_bytes) starts at 0: the atomically summed images (when there
-  // are) and, with fold, the counters after them (the workspace is the caller's: undefined at every call's start).
-  size_t zero_off = 0, zero_bytes = 0;
+  size_t zero_bytes = 0;     // bytes from off_vb that start at 0 (the atomically summed images), or 0
 };
 
 // ---------------------------------------------------------------- causal depthwise conv1d (kernels/conv1d/)

@@ -56,12 +56,6 @@ constexpr int kBwdMaxStateTile = 8;
 // per SM on a 132-SM part (a design choice, not tuned).
 constexpr int64_t kDetTargetBlocks = 512;
 
-// Folded finishing: the variable dB/dC region one last-arriving block converts holds at most this many floats per
-// image (both tensors together), unless one piece of kPiece steps is already more (dstate 64: 32768). A block then
-// reads about 64 KB through L2 (~1 us) while the rest of the grid runs on; the last region's is the kernel's tail.
-// Larger spans mean fewer arrivals (a fence and an atomic each). A design choice, not tuned.
-constexpr int64_t kFoldRegionFloats = 16384;
-
 constexpr int64_t kMaxGridBlocks = 0x7fffffff;  // CUDA's grid.x limit
 // Every workspace region starts on this boundary, as the workspace itself does, so regions stay aligned in memory.
 constexpr size_t kWorkspaceAlign = SELSCAN_WORKSPACE_ALIGNMENT;
@@ -209,15 +203,10 @@ Force parse_force(const char* value) {
   return Force::none;
 }
 
-BwdFinish parse_bwd_finish(const char* value) {
-  return value != nullptr && std::strcmp(value, "fold") == 0 ? BwdFinish::fold : BwdFinish::separate;
-}
-
 const Overrides& env_overrides() {
   static const Overrides o{parse_force(std::getenv("SELSCAN_FWD_KERNEL")),
                            parse_force(std::getenv("SELSCAN_BWD_KERNEL")),
-                           parse_decode_force(std::getenv("SELSCAN_DECODE_KERNEL")),
-                           parse_bwd_finish(std::getenv("SELSCAN_BWD_FINISH"))};
+                           parse_decode_force(std::getenv("SELSCAN_DECODE_KERNEL"))};
   return o;
 }
 
@@ -253,7 +242,7 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   return SELSCAN_STATUS_SUCCESS;
 }
 
-Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out, BwdFinish finish) {
+Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out) {
   BwdPlan pl;
   const int64_t wsz = p.is_complex ? 2 : 1;
   const int nvar = (p.var_B ? 1 : 0) + (p.var_C ? 1 : 0);
@@ -294,31 +283,8 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
   if (p.var_B) off = align_up(off + img);
   pl.off_vc = off;
   if (p.var_C) off = align_up(off + img);
-  const size_t img_end = (p.var_C ? pl.off_vc : pl.off_vb) + img;
-  // Folded finishing (BwdPlan::fold): dense calls only (a serving call's regions lie in one packed row at offsets
-  // only the device reads), with every region reached by at least one block and arrival counts within 32 bits.
-  const int64_t ptiles = pl.kernel == Kernel::ts ? pl.ts.tiles : pl.warp.slots;
-  const int64_t arrivals = pl.kernel == Kernel::ts ? pl.ts.tiles : pl.warp.tiles_per_group;
-  pl.fold = finish == BwdFinish::fold && !p.serving && p.batch > 0 && p.dim > 0 && p.seqlen > 0 &&
-            p.batch <= UINT32_MAX && arrivals <= UINT32_MAX;
-  if (pl.fold) {
-    int64_t span = kChunk;
-    while (span > bwd_warp::kPiece && p.dstate * span * wsz * nvar > kFoldRegionFloats) span /= 2;
-    pl.fold_span = span;
-    pl.fold_params = p.groups * ptiles;
-    pl.fold_vars = nvar > 0 ? p.batch * p.groups * ceil_div(p.seqlen, span) : 0;
-    pl.off_cnt = off;
-    off = align_up(off + static_cast<size_t>(pl.fold_params + pl.fold_vars) * sizeof(uint32_t));
-  }
-  // Summed with atomics, so they start at 0: both images (adjacent) and the counters after them with one memset.
-  const size_t cnt_end = pl.off_cnt + static_cast<size_t>(pl.fold_params + pl.fold_vars) * sizeof(uint32_t);
-  if (nvar > 0 && !pl.det_var) {
-    pl.zero_off = pl.off_vb;
-    pl.zero_bytes = (pl.fold ? cnt_end : img_end) - pl.off_vb;
-  } else if (pl.fold) {
-    pl.zero_off = pl.off_cnt;
-    pl.zero_bytes = cnt_end - pl.off_cnt;
-  }
+  // Summed with atomics, so they start at 0: both images (adjacent) with one memset.
+  if (nvar > 0 && !pl.det_var) pl.zero_bytes = (p.var_C ? pl.off_vc : pl.off_vb) + img - pl.off_vb;
   if (pl.kernel == Kernel::ts) {
     pl.off_ck = off;
     off = align_up(off + pl.ts.ck_bytes);

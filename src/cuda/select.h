@@ -34,28 +34,18 @@ Force parse_force(const char* value);
 enum class DecodeForce { none, lean, general, small, small4 };
 // "lean", "general", "small", "small4" -> that value; anything else (NULL, "auto", ...) -> none.
 DecodeForce parse_decode_force(const char* value);
-// Where the backward's finishing runs (A/B runs): the separate bwd_finish launch (the default), or folded into the
-// main kernel where the plan allows: an A/B switch, not a default (on an H200 the folded kernels save 4-7 µs of host
-// time a call but take 17-42% more GPU time, more in deterministic mode; validation/optimisation-log.md).
-enum class BwdFinish { fold, separate };
-// "fold" -> fold; anything else (NULL, "separate", "auto", ...) -> separate.
-BwdFinish parse_bwd_finish(const char* value);
 struct Overrides {
   Force fwd = Force::none, bwd = Force::none;
   DecodeForce decode = DecodeForce::none;
-  BwdFinish bwd_finish = BwdFinish::separate;
 };
-// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL / SELSCAN_DECODE_KERNEL / SELSCAN_BWD_FINISH, read once per process, so
-// workspace queries and calls agree.
+// SELSCAN_FWD_KERNEL / SELSCAN_BWD_KERNEL / SELSCAN_DECODE_KERNEL, read once per process, so workspace queries and
+// calls agree.
 const Overrides& env_overrides();
 
 // SUCCESS and the plan, or UNSUPPORTED (the chosen kernel needs more shared memory per block than the device
 // allows, or more blocks than a CUDA grid holds) with a message. Pure: no CUDA call; no allocation on success.
 Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* out);
-// The backward folds its finishing into the main kernel on dense calls when `finish` is fold (serving calls always
-// take the separate launch: a packed row's regions are not known on the host).
-Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out,
-                BwdFinish finish = BwdFinish::separate);
+Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out);
 
 // The causal conv1d (src/conv1d.h): the kernel and launch shape of a validated call, and the backward's workspace
 // bytes (plan->workspace). SUCCESS, or UNSUPPORTED where the grid would exceed CUDA's limits. Pure: no CUDA call.

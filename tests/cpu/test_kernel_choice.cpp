@@ -223,13 +223,9 @@ TEST(KernelChoice, Backward) {
     SCOPED_TRACE(name(r.s));
     Problem p = problem(r.s);
     if (r.s.cplx) p.var_C = false;  // the complex row: variable B, constant C
-    // The table's workspace sizes are the separate finishing's layout; the folded one adds its counters
-    // (BackwardFoldedFinishingLayout).
     cuda::BwdPlan plan;
-    ASSERT_EQ(cuda::plan_bwd(p, r.dev, r.force, &plan, cuda::BwdFinish::separate), SELSCAN_STATUS_SUCCESS)
-        << selscan::last_error_message();
+    ASSERT_EQ(cuda::plan_bwd(p, r.dev, r.force, &plan), SELSCAN_STATUS_SUCCESS) << selscan::last_error_message();
     ASSERT_EQ(plan.kernel, r.kernel);
-    EXPECT_FALSE(plan.fold);
     if (r.kernel == ts) {
       EXPECT_EQ(plan.ts.tpc, r.a);
       EXPECT_EQ(plan.ts.grid, r.b);
@@ -251,7 +247,7 @@ TEST(KernelChoice, BackwardComplexWorkspace) {
   Problem p = problem({2, 64, 300, 16, Dtype::f32, true, true});
   p.var_C = false;
   cuda::BwdPlan plan;
-  ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &plan, cuda::BwdFinish::separate), SELSCAN_STATUS_SUCCESS);
+  ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
   EXPECT_EQ(plan.nacc, 2);
   EXPECT_EQ(plan.accB, -1);
   EXPECT_EQ(plan.accC, 1);
@@ -260,7 +256,6 @@ TEST(KernelChoice, BackwardComplexWorkspace) {
   EXPECT_EQ(plan.off_ps, 32768u);   // 2 accumulators x 2 x 64 x 16 float2
   EXPECT_EQ(plan.off_vb, 33792u);   // + 2 x 2 x 64 floats, 256-aligned
   EXPECT_EQ(plan.total, 110592u);   // + 76800 B of dB image, 256-aligned
-  EXPECT_EQ(plan.zero_off, plan.off_vb);
   EXPECT_EQ(plan.zero_bytes, 76800u);
 }
 
@@ -271,103 +266,11 @@ TEST(KernelChoice, BackwardZeroesExactlyTheAtomicImages) {
     for (const cuda::Force f : {cuda::Force::none, cuda::Force::warp}) {
       const Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, det});
       cuda::BwdPlan plan;
-      ASSERT_EQ(cuda::plan_bwd(p, kH200, f, &plan, cuda::BwdFinish::separate), SELSCAN_STATUS_SUCCESS);
+      ASSERT_EQ(cuda::plan_bwd(p, kH200, f, &plan), SELSCAN_STATUS_SUCCESS);
       const size_t img = static_cast<size_t>(plan.var_elems) * sizeof(float);
       EXPECT_EQ(plan.zero_bytes, det ? 0 : plan.off_vc + img - plan.off_vb) << det;
-      if (!det) EXPECT_EQ(plan.zero_off, plan.off_vb);
       EXPECT_LE(plan.off_vc + img * plan.images, plan.kernel == cuda::Kernel::ts ? plan.off_ck : plan.total);
     }
-}
-
-// The folded finishing (dense calls, opt-in: SELSCAN_BWD_FINISH=fold): one uint32 arrival counter per region after
-// the images, and the call's one memset covers them, with the atomic images when there are (non-deterministic
-// variable B/C), alone otherwise. Its regions: per group, one parameter region per block tile (thread-states:
-// 32-channel tile; warp-scan: slot) and one variable region per (b, g) and span of time; the span keeps a region
-// near 16384 floats.
-TEST(KernelChoice, BackwardFoldedFinishingLayout) {
-  struct Row {
-    Shape s;
-    cuda::Kernel kernel;
-    int64_t span, params, vars;
-  };
-  const Row rows[] = {
-      // 16 states x 2 tensors: 512 steps a region (16384 floats); 48 tiles; 8 x 4 spans.
-      {{8, 1536, 2048, 16}, cuda::Kernel::ts, 512, 48, 32},
-      {{8, 1536, 2048, 16, Dtype::bf16, true, false, true}, cuda::Kernel::ts, 512, 48, 32},
-      // 640 slots of 8 channels; 1 span of 512 steps.
-      {{1, 5120, 512, 16}, cuda::Kernel::warp, 512, 640, 1},
-      // Deterministic: 320 slots of 2 tiles.
-      {{1, 5120, 512, 16, Dtype::bf16, true, false, true}, cuda::Kernel::warp, 512, 320, 1},
-      // 64 states: one piece (256 steps) is already 32768 floats; 256 slots; 4 x 8 spans.
-      {{4, 2048, 2048, 64}, cuda::Kernel::warp, 256, 256, 32},
-      // L not a multiple of the span: 3 spans of 512 for 1100 steps.
-      {{2, 64, 1100, 16, Dtype::f32}, cuda::Kernel::warp, 512, 8, 6},
-  };
-  for (const Row& r : rows) {
-    SCOPED_TRACE(name(r.s));
-    const Problem p = problem(r.s);
-    cuda::BwdPlan sep, plan;
-    ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &sep, cuda::BwdFinish::separate), SELSCAN_STATUS_SUCCESS);
-    ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &plan, cuda::BwdFinish::fold), SELSCAN_STATUS_SUCCESS);
-    ASSERT_EQ(plan.kernel, r.kernel);
-    ASSERT_TRUE(plan.fold);
-    EXPECT_EQ(plan.fold_span, r.span);
-    EXPECT_EQ(plan.fold_params, r.params);
-    EXPECT_EQ(plan.fold_vars, r.vars);
-    // Everything before the counters as in the separate layout; the counters where the checkpoints (or the end) were.
-    EXPECT_EQ(plan.off_pw, sep.off_pw);
-    EXPECT_EQ(plan.off_vb, sep.off_vb);
-    EXPECT_EQ(plan.off_vc, sep.off_vc);
-    const size_t cnt = static_cast<size_t>(r.params + r.vars) * sizeof(uint32_t);
-    EXPECT_EQ(plan.off_cnt, r.kernel == cuda::Kernel::ts ? sep.off_ck : sep.total);
-    const size_t cnt_span = (cnt + 255) / 256 * 256;
-    EXPECT_EQ(plan.total, sep.total + cnt_span);
-    if (r.kernel == cuda::Kernel::ts) EXPECT_EQ(plan.off_ck, sep.off_ck + cnt_span);
-    if (p.deterministic) {
-      EXPECT_EQ(plan.zero_off, plan.off_cnt);
-      EXPECT_EQ(plan.zero_bytes, cnt);
-    } else {
-      EXPECT_EQ(plan.zero_off, sep.zero_off);
-      EXPECT_EQ(plan.zero_bytes, plan.off_cnt + cnt - plan.off_vb);
-    }
-  }
-}
-
-// Constant B and C: no images and no variable regions; the memset zeroes the parameter counters alone. Serving calls
-// always finish in the separate launch.
-TEST(KernelChoice, BackwardFoldedFinishingWithoutImagesAndForServing) {
-  Problem p = problem({4, 2048, 2048, 64});
-  p.var_B = p.var_C = false;
-  cuda::BwdPlan plan;
-  ASSERT_EQ(cuda::plan_bwd(p, kH200, cuda::Force::none, &plan, cuda::BwdFinish::fold), SELSCAN_STATUS_SUCCESS);
-  ASSERT_TRUE(plan.fold);
-  EXPECT_EQ(plan.fold_vars, 0);
-  EXPECT_EQ(plan.fold_params, plan.warp.slots);
-  EXPECT_EQ(plan.zero_off, plan.off_cnt);
-  EXPECT_EQ(plan.zero_bytes, static_cast<size_t>(plan.fold_params) * sizeof(uint32_t));
-
-  Problem q = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, false});
-  q.serving = q.varlen = true;
-  q.fold_B = false;
-  cuda::BwdPlan b;
-  ASSERT_EQ(cuda::plan_bwd(q, kH200, cuda::Force::none, &b, cuda::BwdFinish::fold), SELSCAN_STATUS_SUCCESS);
-  EXPECT_FALSE(b.fold);
-  EXPECT_EQ(b.fold_params + b.fold_vars, 0);
-}
-
-// Until the folded kernels have passed the GPU suite, a plan folds only when asked to.
-TEST(KernelChoice, BackwardFinishesSeparatelyByDefault) {
-  cuda::BwdPlan plan;
-  ASSERT_EQ(cuda::plan_bwd(problem({1, 5120, 512, 16}), kH200, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
-  EXPECT_FALSE(plan.fold);
-  EXPECT_EQ(plan.fold_params + plan.fold_vars, 0);
-}
-
-TEST(KernelChoice, BwdFinishOverrideParses) {
-  EXPECT_EQ(cuda::parse_bwd_finish(nullptr), cuda::BwdFinish::separate);
-  EXPECT_EQ(cuda::parse_bwd_finish("fold"), cuda::BwdFinish::fold);
-  EXPECT_EQ(cuda::parse_bwd_finish("auto"), cuda::BwdFinish::separate);
-  EXPECT_EQ(cuda::parse_bwd_finish("separate"), cuda::BwdFinish::separate);
 }
 
 TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
