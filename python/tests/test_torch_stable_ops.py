@@ -151,6 +151,20 @@ def test_errors_name_the_argument():
         stable(**t)
 
 
+def test_loaded_from_beside_libselscan():
+    """Without $SELSCAN_TORCH_OPS_LIBRARY the op library is the one beside the loaded libselscan: in an installed
+    wheel, the package's own copy (tools/build-wheel.sh puts it there), never one found elsewhere."""
+    from selscan import _lib
+
+    chosen = os.environ.get("SELSCAN_TORCH_OPS_LIBRARY")
+    if chosen:
+        assert os.path.realpath(_decode_torch.stable_ops_path) == os.path.realpath(chosen)
+    else:
+        here = os.path.realpath(os.path.dirname(_lib.library_path))
+        assert os.path.realpath(_decode_torch.stable_ops_path) == os.path.join(here, _decode_torch.STABLE_OPS_LIBRARY)
+    assert hasattr(torch.ops.selscan, "scan_fwd") and hasattr(torch.ops.selscan, "state_update")
+
+
 def test_eager_calls_go_through_the_op_unless_opted_out():
     """With the op library loadable, selscan.torch.selective_state_update calls the op (bit-identical to the
     binding's eager path), also with SELSCAN_TORCH_STABLE=1; SELSCAN_TORCH_STABLE=0 at import keeps the binding's
