@@ -23,7 +23,6 @@ import argparse
 import collections
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -159,22 +158,12 @@ def main():
         run_one(args)
         return 0
     rows, ok = [], True
-    for config in args.configs.split(","):
-        env = dict(os.environ)
-        if config == "upstream":
-            if not args.upstream_path:
-                print("upstream: skipped (no --upstream-path)")
-                continue
-            env["PYTHONPATH"] = os.pathsep.join([args.upstream_path, env.get("PYTHONPATH", "")])
-        r = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--config", config], env=env,
-                           capture_output=True, text=True)
-        line = next((l for l in r.stdout.splitlines() if l.startswith("ROW ")), None)
-        if r.returncode != 0 or line is None:
-            print(f"{config}: failed (rc {r.returncode})\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+    for row in tm.run_configs(__file__, sys.argv[1:], args.configs, args.upstream_path):
+        if row is None:
             ok = False
             continue
-        rows.append(json.loads(line[4:]))
-        row = rows[-1]
+        rows.append(row)
+        config = row["config"]
         if "peak" in row:
             print(f"{config}: peak {row['peak']:,} (replayed {row['replayed_peak']:,}), base {row['base']:,}, "
                   f"cuBLAS workspaces {row['cublas_workspaces']:,}{' ' + row.get('warning', '')}")

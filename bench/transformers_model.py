@@ -171,6 +171,28 @@ def check(args):
     return ok
 
 
+def run_configs(script, argv, configs, upstream_path):
+    """Runs `script argv --config C` in a process of its own for each configuration C of the comma-separated
+    `configs` (the upstream one with `upstream_path` prepended to PYTHONPATH, skipped without it), so each imports
+    only its own kernels; yields each process's ROW line as a dict, or None (after printing its output) for one
+    that failed."""
+    for config in configs.split(","):
+        env = dict(os.environ)
+        if config == "upstream":
+            if not upstream_path:
+                print("upstream: skipped (no --upstream-path)")
+                continue
+            env["PYTHONPATH"] = os.pathsep.join([upstream_path, env.get("PYTHONPATH", "")])
+        r = subprocess.run([sys.executable, script, *argv, "--config", config], env=env, capture_output=True,
+                           text=True)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("ROW ")), None)
+        if r.returncode != 0 or line is None:
+            print(f"{config}: failed (rc {r.returncode})\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+            yield None
+            continue
+        yield json.loads(line[4:])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,24 +218,14 @@ def main():
     if args.check_only:
         return 0 if check(args) else 1
 
+    argv = sys.argv[1:]
     rows, ok = [], True
-    argv = [a for a in sys.argv[1:]]
-    for config in args.configs.split(","):
-        env = dict(os.environ)
-        if config == "upstream":
-            if not args.upstream_path:
-                print("upstream: skipped (no --upstream-path)")
-                continue
-            env["PYTHONPATH"] = os.pathsep.join([args.upstream_path, env.get("PYTHONPATH", "")])
-        r = subprocess.run([sys.executable, __file__, *argv, "--config", config], env=env, capture_output=True,
-                           text=True)
-        line = next((l for l in r.stdout.splitlines() if l.startswith("ROW ")), None)
-        if r.returncode != 0 or line is None:
-            print(f"{config}: failed (rc {r.returncode})\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+    for row in run_configs(__file__, argv, args.configs, args.upstream_path):
+        if row is None:
             ok = False
             continue
-        rows.append(json.loads(line[4:]))
-        print(f"{config}: kernels bound {rows[-1]['bound']}")
+        rows.append(row)
+        print(f"{row['config']}: kernels bound {row['bound']}")
     r = subprocess.run([sys.executable, __file__, *argv, "--check-only"], capture_output=True, text=True)
     line = next((l for l in r.stdout.splitlines() if l.startswith("CHECK ")), None)
     checked = json.loads(line[6:]) if line else {"ok": False, "error": r.stderr[-2000:]}
