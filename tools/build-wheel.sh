@@ -65,6 +65,9 @@ else
     "(install torch >= 2.9 to build it in, or SELSCAN_TORCH_OPS=OFF to leave it out on purpose)" >&2
 fi
 MANYLINUX=${SELSCAN_MANYLINUX:-2_28}
+# The manylinux tag the toolchain targets, whose promise is checked on the shipped files below; native: none (the
+# tag is whatever auditwheel finds this machine's glibc and libstdc++ allow).
+TARGET_TAG=
 if [ "$MANYLINUX" = native ]; then
   # A release wheel without the GPU path would be a silent downgrade: CUDA is required here (AUTO would not fail).
   export SELSCAN_WITH_CUDA=ON
@@ -76,6 +79,7 @@ elif [ "$MANYLINUX" = 2_28 ]; then
   # CMAKE_LIBRARY_ARCHITECTURE: neither toolchain reports the Debian multiarch directory, where fmt's CMake
   # package is. The floor check below reads the same values.
   GLIBC_FLOOR=2.28
+  TARGET_TAG=$MANYLINUX
   floors="-DCMAKE_LIBRARY_ARCHITECTURE=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
     -DSELSCAN_GLIBC_FLOOR=$GLIBC_FLOOR -DSELSCAN_GLIBCXX_FLOOR= -DSELSCAN_CXXABI_FLOOR="
   if [ "${SELSCAN_WITH_CUDA:-}" = OFF ] && [ -n "$torch_ops_why" ]; then
@@ -125,9 +129,9 @@ if [ ! -x "$TOOLS/bin/auditwheel" ]; then
 fi
 "$TOOLS/bin/auditwheel" show "$raw"
 rm -f "$OUT"/selscan-*manylinux*.whl
-# With SELSCAN_MANYLINUX the tag is the one the toolchain targets (auditwheel would pick the oldest that fits).
+# With a target tag, that tag (auditwheel would pick the oldest that fits); native: the one auditwheel finds.
 plat=()
-if [ -n "$MANYLINUX" ]; then plat=(--plat "manylinux_${MANYLINUX}_x86_64"); fi
+if [ -n "$TARGET_TAG" ]; then plat=(--plat "manylinux_${TARGET_TAG}_x86_64"); fi
 # selscan_torch_ops needs libtorch.so: the user's torch provides it (already loaded when the op library is), so it
 # must not be grafted into the wheel (`auditwheel show` lists it as the one library outside the policy).
 PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair "${plat[@]}" --exclude 'libtorch*.so' --exclude 'libc10*.so' \
@@ -161,13 +165,13 @@ if unzip -l "$wheel" "$ops" >/dev/null 2>&1; then
 elif [ -z "$torch_ops_why" ]; then
   echo "build-wheel: $ops was asked for but is not in the wheel" >&2; exit 1
 fi
-if [ -n "$MANYLINUX" ]; then
+if [ -n "$TARGET_TAG" ]; then
   # The promise of the tag, checked on the shipped files: no glibc above the floor, no GLIBCXX_/CXXABI_ at all.
   unzip -p "$wheel" selscan/bin/selscan > "$RAW/selscan"
   for f in "${shipped[@]}" "$RAW/selscan"; do
     cmake -DLIB="$f" -DREADELF=readelf -DGLIBC=$GLIBC_FLOOR -DGLIBCXX= -DCXXABI= -P tests/abi/check_symbol_versions.cmake
   done
-  case "$tag" in *manylinux_${MANYLINUX}_*) ;; *) echo "build-wheel: tag $tag is not manylinux_$MANYLINUX" >&2; exit 1;; esac
+  case "$tag" in *manylinux_${TARGET_TAG}_*) ;; *) echo "build-wheel: tag $tag is not manylinux_$TARGET_TAG" >&2; exit 1;; esac
 fi
 python3 -c 'import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.selscan_build_info.restype = ctypes.c_char_p
 print("build-wheel: " + lib.selscan_build_info().decode())' "$RAW/libselscan.so"
