@@ -9,8 +9,9 @@
 # SELSCAN_MANYLINUX: 2_28 (default; the floor of PyTorch's own wheels): the library (CUDA kernels and all) compiled
 # by this machine's GCC, nvcc's host compiler included, against glibc 2.28 (headers and link stubs from PyPI's
 # `ziglang`, tools/glibc-2.28) with libstdc++ linked statically; with SELSCAN_WITH_CUDA=OFF as well, the CPU-only
-# library built by zig's clang with libc++ (tools/zig), or by that GCC when selscan_torch_ops goes in (below). docs/building.md, "manylinux_2_28". `native`: this
-# machine's toolchain as it is, the tag following its glibc and libstdc++.
+# library built by zig's clang with libc++ (tools/zig), or by that GCC when selscan_torch_ops goes in (below).
+# docs/building.md, "manylinux_2_28". `native`: this machine's toolchain as it is, the tag following its glibc and
+# libstdc++.
 # SELSCAN_TORCH_OPS: AUTO (default) also builds selscan_torch_ops, the torch op library on PyTorch's stable ABI
 # (cmake/TorchOps.cmake), into the wheel beside libselscan.so when this machine's python3 imports torch >= 2.9 (its
 # headers are the build's; the wheel stays one py3-none wheel: the op library links no libpython and names
