@@ -322,7 +322,9 @@ std::optional<Tensor> row_copy(const Tensor& t, int32_t dtype, Device dev, const
   std::array<StableIValue, 3> stack{torch::stable::detail::from(copy), torch::stable::detail::from(t),
                                     torch::stable::detail::from(false)};
   shim(aoti_torch_call_dispatcher("aten::copy_", "", stack.data()), "copy", name);
-  return copy;
+  // The dispatcher hands back copy_'s result (copy itself) as a new owning handle in stack[0]: taken here, or the
+  // copy's memory would never be freed.
+  return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 // One input of the scan, in dtype `to` and, when `rows`, with a unit last stride: the caller's tensor where it is
