@@ -21,7 +21,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
@@ -44,13 +43,11 @@ __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (
 // The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
 // shared memory (sBk/sCk point at the thread's first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold
 // the constants. For constant B with variable C, `cc` multiplies C (the folded B of upstream's convention, or 1).
-// NPC > 0: the row pitch np is that compile-time constant, so each step's B/C reads are immediate offsets from one
-// address (a run-time pitch costs an IMAD/LEA per read: 7 of the loop's 113 instructions per 16 updates).
-template <bool VB, bool VC, int VS, int NPC>
+template <bool VB, bool VC, int VS>
 __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
-                                      const float* sCk, int np_rt, float* y_row, float (&h)[kS],
-                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS]) {
-  const int np = NPC > 0 ? NPC : np_rt;
+                                      const float* sCk, int np, float* y_row, float (&h)[kS],
+                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
+                                      bool want_sum, float& dsum) {
   for (int t = 0; t < tt; t += 4) {
     const int pad = bc_row(t, VS, np) - t * np;  // the same for the 4 steps (4 divides V)
     const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
@@ -84,19 +81,8 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
       y[j] = acc;
     }
     *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+    if (want_sum) dsum += (dl[0] + dl[1]) + (dl[2] + dl[3]);
   }
-}
-
-// The compute phase for one (VB, VC) form: the compile-time pitch when the plan's tpc is the default's 4 (np 16),
-// the run-time one otherwise (forced plans at other dstates).
-template <bool VB, bool VC, int VS>
-__device__ __forceinline__ void steps_np(int tt, const float* dl_row, const float* du_row, const float* sBk,
-                                         const float* sCk, int np, float* y_row, float (&h)[kS],
-                                         const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS]) {
-  if (VB || VC) {
-    if (np == 4 * kS) return steps<VB, VC, VS, 4 * kS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc);
-  }
-  steps<VB, VC, VS, 0>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc);
 }
 
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
@@ -128,7 +114,6 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int64_t c0 = tile * CH;  // first channel of the block within the group
   const int nch = static_cast<int>(cpg - c0 < CH ? cpg - c0 : CH);
   const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
-  const bool want_x = p.x.p != nullptr;
 
   float* sDl = smem;                  // [CH][ROW]
   float* sDu = sDl + CH * ROW;        // [CH][ROW]
@@ -136,37 +121,28 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int BCT = TT * NP + kBcPad;  // floats per B/C tile
   float* sC = sB + (var_B ? BCT : 0);
   float* sY = sC + (var_C ? BCT : 0);  // [threads][ROW]
-  float* sUD = sY + nthreads * ROW;    // [CH][ROW]: D u, the skip term of y
-  // Per-thread values read once a tile at most, kept here rather than in registers through the tile loop (the
-  // 128-register variant is register-bound): [kS][threads] each, so a warp's accesses are conflict-free.
-  float* sPrun = sUD + CH * ROW;                             // running products of the decays (chunk states x)
-  float* sBs = sPrun + kS * nthreads;                        // constant B (when !var_B)
-  float* sCf = sBs + ((var_B && var_C) ? 0 : kS * nthreads);  // output coefficients (when !var_B or !var_C)
+  float* sUD = sY + nthreads * ROW;        // [CH][ROW]: D u, the skip term of y
 
   // ---- compute role: channel cc of the block, states n = k*kS + s
   const int cc = tid / TPC, k = tid % TPC;
   const bool cactive = cc < nch;
   const int64_t d = g * cpg + c0 + (cactive ? cc : 0);
-  float a2[kS], h[kS];
+  float a2[kS], bs[kS], cf[kS], h[kS], prun[kS];
 #pragma unroll
   for (int s = 0; s < kS; ++s) {
     const int64_t n = static_cast<int64_t>(k) * kS + s;
     const bool ok = n < N;
     a2[s] = ok ? __ldg(static_cast<const float*>(p.A.p) + d * p.A.s[0] + n * p.A.s[1]) * kLog2e : 0.f;
-    if (!(var_B && var_C)) {
-      const float Bc = (ok && !var_B) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
-      const float Cc = (ok && !var_C) ? __ldg(static_cast<const float*>(p.C.p) + d * p.C.s[0] + n * p.C.s[1]) : 0.f;
-      // fold_B (constant B, no h0): the scan runs without B, which joins the output coefficient.
-      sBs[s * nthreads + tid] = var_B ? 0.f : (fold_B ? (ok ? 1.f : 0.f) : Bc);
-      float cf;
-      if (var_C) cf = var_B ? 1.f : (fold_B ? Bc : 1.f);
-      else cf = (fold_B ? Bc * Cc : Cc);
-      sCf[s * nthreads + tid] = cf;
-    }
+    const float Bc = (ok && !var_B) ? __ldg(static_cast<const float*>(p.B.p) + d * p.B.s[0] + n * p.B.s[1]) : 0.f;
+    const float Cc = (ok && !var_C) ? __ldg(static_cast<const float*>(p.C.p) + d * p.C.s[0] + n * p.C.s[1]) : 0.f;
+    // fold_B (constant B, no h0): the scan runs without B, which joins the output coefficient.
+    bs[s] = var_B ? 0.f : (fold_B ? (ok ? 1.f : 0.f) : Bc);
+    if (var_C) cf[s] = var_B ? 1.f : (fold_B ? Bc : 1.f);
+    else cf[s] = (fold_B ? Bc * Cc : Cc);
     h[s] = (ok && p.h0.p != nullptr)
                ? __ldg(static_cast<const float*>(p.h0.p) + b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
                : 0.f;
-    sPrun[s * nthreads + tid] = 1.f;
+    prun[s] = 1.f;
   }
   // Padded state columns of the B/C tiles stay 0 (staging writes only n < N).
   for (int i = tid; i < (var_B ? BCT : 0) + (var_C ? BCT : 0); i += nthreads) sB[i] = 0.f;
@@ -183,51 +159,36 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const auto row = [&](const View& v) { return b * v.s[0] + dq * v.s[1]; };
   const T* u_row = static_cast<const T*>(p.u.p) + row(p.u);
   const T* dt_row = static_cast<const T*>(p.delta.p) + row(p.delta);
+  const bool vec_in = aligned16(u_row) && aligned16(dt_row);
   const float Dd = (p.D.p != nullptr) ? __ldg(static_cast<const float*>(p.D.p) + dq * p.D.s[0]) : 0.f;
   const float dbias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + dq * p.delta_bias.s[0]) : 0.f;
   const int qn = qc;  // the same vector index, read as a state row of the B/C tiles
   const bool bact = qn < N;
   const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
-  // Every row this thread loads or stores is 16-byte aligned (checked once): then a whole tile's vectors load and
-  // store without the per-vector tail and alignment tests of load_row16 / store_row16 (~7 instructions each).
-  const bool aligned =
-      aligned16(u_row) && aligned16(dt_row) && (B_row == nullptr || aligned16(B_row)) &&
-      (C_row == nullptr || aligned16(C_row)) && aligned16(static_cast<const T*>(p.out.p) + row(p.out)) &&
-      (!has_z || (aligned16(static_cast<const T*>(p.z.p) + row(p.z)) &&
-                  aligned16(static_cast<const T*>(p.out_z.p) + row(p.out_z))));
-  const auto load = [&](const T* r, int64_t t0, bool whole) {
-    return whole ? __ldg(reinterpret_cast<const uint4*>(r + t0 + qt)) : load_row16(r, t0 + qt, L, aligned16(r));
-  };
-  const auto store = [&](T* r, int64_t t0, bool whole, const float* v) {
-    if (whole) store16(r + t0 + qt, v);
-    else store_row16(r, t0 + qt, L, aligned16(r), v);
-  };
 
   // Where the epilogue finds D u: fp16/bf16 keep the raw u vector in registers (4 registers); fp32 stages D u in
   // shared memory. Each measured faster for its itype, through register allocation rather than by instruction count.
   constexpr bool kUdInSmem = sizeof(T) == 4;
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
   const auto prefetch = [&](int64_t t0) {
-    const bool whole = aligned && t0 + TT <= L;
     if (vact) {
-      ru = load(u_row, t0, whole);
-      rdt = load(dt_row, t0, whole);
+      ru = load_row16(u_row, t0 + qt, L, vec_in);
+      rdt = load_row16(dt_row, t0 + qt, L, vec_in);
     }
-    if (B_row != nullptr) rB = load(B_row, t0, whole);
-    if (C_row != nullptr) rC = load(C_row, t0, whole);
+    if (B_row != nullptr) rB = load_row16(B_row, t0 + qt, L, aligned16(B_row));
+    if (C_row != nullptr) rC = load_row16(C_row, t0 + qt, L, aligned16(C_row));
   };
   const auto stage = [&](int64_t t0) {
     if (vact) {
       float uu[V], dl[V], du[V];
       unpack16<T>(ru, uu);
       unpack16<T>(rdt, dl);
-      const bool tail = t0 + TT > L;  // the tile runs past L (uniform over the block)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         float v = dl[j] + dbias;
         if (p.softplus) v = kLean ? softplus_serial(v) : softplus(v);
-        if (tail && t0 + qt + j >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
+        if (t0 + qt + j >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
         dl[j] = v;
         du[j] = v * uu[j];
       }
@@ -254,58 +215,46 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     }
   };
 
+  const bool want_x = p.x.p != nullptr;
   const int64_t ntiles = (L + TT - 1) / TT;
-  float dsum = 0.f;  // sum of delta' over the chunk so far (chunk states x only)
+  float dsum = 0.f;
   prefetch(0);
   stage(0);
   for (int64_t it = 0; it < ntiles; ++it) {
     const int64_t t0 = it * TT;
-    const bool whole = aligned && t0 + TT <= L;
     __syncthreads();  // the staged tile is visible; the previous epilogue is done with sY
     if (it + 1 < ntiles) prefetch(t0 + TT);
-    if (has_z && vact) rz = load(static_cast<const T*>(p.z.p) + row(p.z), t0, whole);
+    if (has_z && vact) {
+      const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
+      rz = load_row16(z_row, t0 + qt, L, aligned16(z_row));
+    }
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
       const float* du_row = sDu + cc * ROW;
       const float* sBk = sB + k * kS;
       const float* sCk = sC + k * kS;
       float* y_row = sY + tid * ROW;
-      if (var_B && var_C) {
-        const float none[kS] = {};
-        steps_np<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, none, none);
+      if (var_B) {
+        if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       } else {
-        float bs[kS], cf[kS];
+        if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+      }
+      const int64_t tend = t0 + TT;
+      if (want_x && (tend % kChunk == 0 || tend >= L)) {
+        // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
+        float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
-          bs[s] = sBs[s * nthreads + tid];
-          cf[s] = sCf[s * nthreads + tid];
-        }
-        if (var_B) steps_np<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf);
-        else if (var_C) steps_np<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf);
-        else steps_np<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf);
-      }
-      if (want_x) {
-        // The tile's delta' sum, 4 steps a term in the order the chunk product has always used.
-        for (int t = 0; t < TT; t += 4) {
-          const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
-          dsum += (dl4.x + dl4.y) + (dl4.z + dl4.w);
-        }
-        const int64_t tend = t0 + TT;
-        if (tend % kChunk == 0 || tend >= L) {
-          // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
-          float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
-#pragma unroll
-          for (int s = 0; s < kS; ++s) {
-            const int64_t n = static_cast<int64_t>(k) * kS + s;
-            const float pr = sPrun[s * nthreads + tid] * exp2_fast(a2[s] * dsum);
-            sPrun[s * nthreads + tid] = pr;
-            if (n < N) {
-              xr[2 * n] = pr;
-              xr[2 * n + 1] = h[s];
-            }
+          const int64_t n = static_cast<int64_t>(k) * kS + s;
+          prun[s] *= exp2_fast(a2[s] * dsum);
+          if (n < N) {
+            xr[2 * n] = prun[s];
+            xr[2 * n + 1] = h[s];
           }
-          dsum = 0.f;
         }
+        dsum = 0.f;
       }
     }
     __syncthreads();  // sY complete; the tile's staged inputs are no longer read
@@ -325,31 +274,26 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
 #pragma unroll
         for (int j = 0; j < V; ++j) y[j] *= Dd;
       }
-      const auto add_partials = [&](auto tpc) {
-        const int n_parts = decltype(tpc)::value > 0 ? decltype(tpc)::value : TPC;
+      for (int kk = 0; kk < TPC; ++kk) {
+        const float* yr = sY + (qc * TPC + kk) * ROW + qt;
 #pragma unroll
-        for (int kk = 0; kk < n_parts; ++kk) {
-          const float* yr = sY + (qc * n_parts + kk) * ROW + qt;
-#pragma unroll
-          for (int j = 0; j < V; j += 4) {
-            const float4 v = *reinterpret_cast<const float4*>(yr + j);
-            y[j] += v.x;
-            y[j + 1] += v.y;
-            y[j + 2] += v.z;
-            y[j + 3] += v.w;
-          }
+        for (int j = 0; j < V; j += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(yr + j);
+          y[j] += v.x;
+          y[j + 1] += v.y;
+          y[j + 2] += v.z;
+          y[j + 3] += v.w;
         }
-      };
-      // The default plan's 4 partials unrolled; other (forced) plans loop.
-      if (TPC == 4) add_partials(std::integral_constant<int, 4>{});
-      else add_partials(std::integral_constant<int, 0>{});
-      store(static_cast<T*>(p.out.p) + row(p.out), t0, whole, y);
+      }
+      T* out_row = static_cast<T*>(p.out.p) + row(p.out);
+      store_row16(out_row, t0 + qt, L, aligned16(out_row), y);
       if (has_z) {
+        T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
         float zz[V];
         unpack16<T>(rz, zz);
 #pragma unroll
         for (int j = 0; j < V; ++j) zz[j] = y[j] * silu(zz[j]);
-        store(static_cast<T*>(p.out_z.p) + row(p.out_z), t0, whole, zz);
+        store_row16(oz_row, t0 + qt, L, aligned16(oz_row), zz);
       }
     }
     if (it + 1 < ntiles) stage(t0 + TT);

@@ -68,15 +68,11 @@ struct Shape {
 };
 
 // Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] (+ kBcPad) when variable, y partials
-// [threads][tt+4], D u [ch][tt+4] (read by the fp32 variant only), and per thread kS floats each of the chunk
-// running products and, unless B and C are both variable, the constant-B and output coefficients. Rows padded by 4
-// floats keep float4 alignment.
+// [threads][tt+4], D u [ch][tt+4] (read by the fp32 variant only). Rows padded by 4 floats keep float4 alignment.
 inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C) {
   const int64_t row = c.tt + 4;
   const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS + kBcPad;
-  const int64_t threads = static_cast<int64_t>(c.ch) * c.tpc;
-  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + threads * row +
-         threads * kS * ((var_B && var_C) ? 1 : 3);
+  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
 }
 
 struct Plan {
