@@ -287,13 +287,17 @@ def test_scan_against_the_float64_reference(dtype):
                                    msg=lambda m: f"{what}: last_state {m}")
 
 
+def last_dim_strided(t):
+    """t's values in a layout whose last dimension is strided (a transposed view), as models hand B, C or u."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def test_scan_conversions_as_the_binding(monkeypatch):
     """What the binding converts the op converts the same way, leaving the caller's tensors as they were: a bf16
     model's D and delta_bias to float32, B/C handed as transposed views (a row-major copy), a float32 delta with
     bf16 u to bf16, a float64 A to float32."""
     u, delta, A, B, C, D, z, bias = make_scan("cpu", torch.bfloat16, G=2)
-    Bt = B.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last dimension strided
-    Ct = C.transpose(-1, -2).contiguous().transpose(-1, -2)
+    Bt, Ct = last_dim_strided(B), last_dim_strided(C)
     variants = {
         "bf16 D, delta_bias": (u, delta, A, B, C, D.bfloat16(), z, bias.bfloat16()),
         "transposed B, C": (u, delta, A, Bt, Ct, D, z, bias),
@@ -325,8 +329,7 @@ def test_scan_frees_its_copies():
     outputs (a copy left referenced by the dispatcher's returned handle grew a model's memory by u's size on every
     call; 24 such copies in one generate() prefill)."""
     u, delta, A, B, C, D, z, bias = make_scan("cpu", torch.bfloat16, Bt=2, Dm=96, L=300)
-    ut = u.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last dimension strided
-    Bt = B.transpose(-1, -2).contiguous().transpose(-1, -2)
+    ut, Bt = last_dim_strided(u), last_dim_strided(B)
     variants = {"contiguous": (u, delta, A, B, C, D, z, bias),
                 "transposed u": (ut, delta, A, B, C, D, z, bias),
                 "transposed B, float32 delta": (u, delta.float(), A, Bt, C, D, None, bias)}
@@ -339,8 +342,7 @@ def test_scan_frees_its_copies():
 @needs_cuda
 def test_scan_cuda_frees_its_copies():
     u, delta, A, B, C, D, z, bias = make_scan("cuda", torch.bfloat16, Bt=2, Dm=96, L=300)
-    ut = u.transpose(-1, -2).contiguous().transpose(-1, -2)
-    ts = (ut, delta.float(), A, B.transpose(-1, -2).contiguous().transpose(-1, -2), C, D, z, bias)
+    ts = (last_dim_strided(u), delta.float(), A, last_dim_strided(B), C, D, z, bias)
     scan_op(*ts, True, False, True, None)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

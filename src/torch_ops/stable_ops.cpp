@@ -70,13 +70,21 @@ int32_t dtype_of(AtenTensorHandle h, const char* name) {
 
 bool is_io(int32_t d) { return d == kCodes.f32 || d == kCodes.f16 || d == kCodes.bf16; }
 
+// One aten op through the dispatcher, returning its result: the dispatcher hands it back in stack[0] as a new
+// owning handle, which the returned Tensor takes (left there, the result's memory would never be freed).
+template <size_t N>
+Tensor dispatch(const char* op, const char* overload, std::array<StableIValue, N>& stack, const char* what,
+                const char* name) {
+  shim(aoti_torch_call_dispatcher(op, overload, stack.data()), what, name);
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
 // A copy in dtype `to` (aten::to.dtype through the dispatcher: the only conversion the 2.9 stable ABI has).
 Tensor converted(const Tensor& t, ScalarType to) {
   std::array<StableIValue, 5> stack{torch::stable::detail::from(t), torch::stable::detail::from(to),
                                     torch::stable::detail::from(false), torch::stable::detail::from(false),
                                     torch::stable::detail::from(std::nullopt)};
-  shim(aoti_torch_call_dispatcher("aten::to", "dtype", stack.data()), "convert the dtype", "a tensor");
-  return torch::stable::detail::to<Tensor>(stack[0]);
+  return dispatch("aten::to", "dtype", stack, "convert the dtype", "a tensor");
 }
 
 struct Device {
@@ -321,10 +329,7 @@ std::optional<Tensor> row_copy(const Tensor& t, int32_t dtype, Device dev, const
   Tensor copy = new_rows(static_cast<int32_t>(ndim), sizes, dtype, dev, name);
   std::array<StableIValue, 3> stack{torch::stable::detail::from(copy), torch::stable::detail::from(t),
                                     torch::stable::detail::from(false)};
-  shim(aoti_torch_call_dispatcher("aten::copy_", "", stack.data()), "copy", name);
-  // The dispatcher hands back copy_'s result (copy itself) as a new owning handle in stack[0]: taken here, or the
-  // copy's memory would never be freed.
-  return torch::stable::detail::to<Tensor>(stack[0]);
+  return dispatch("aten::copy_", "", stack, "copy", name);  // copy_'s result: copy itself
 }
 
 // One input of the scan, in dtype `to` and, when `rows`, with a unit last stride: the caller's tensor where it is
