@@ -161,6 +161,16 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
   W* sA = st + kSlotA * N;
   W* sBs = st + kSlotBs * N;
   W* sCc = st + kSlotCc * N;
+  // Aligned block mode: this warp's block-end rows, one per block end a piece can hold (NS states each, then the
+  // ends' slots), after every warp's slots; as a float index from the shared-memory base (a 32-bit offset, where a
+  // pointer would hold two registers).
+  const int nends = kBlocks == kBlocksAligned ? cuda::fwd_warp::block_ends_per_piece(p.block_size) : 0;
+  int end0 = 0;
+  if constexpr (kBlocks == kBlocksAligned)
+    end0 = static_cast<int>(reinterpret_cast<float*>(reinterpret_cast<W*>(sC + (var_C ? NS * kVpl * 32 : 0)) +
+                                                     nwarps * N * kSlots) -
+                            reinterpret_cast<float*>(smem)) +
+           warp * nends * (NS + 2);
 
   const int64_t r = kServing ? sq.row : b, t0s = kServing ? sq.t0 : 0, xc0 = kServing ? sq.xc0 : 0;
   const T* u_row = static_cast<const T*>(p.u.p) + r * p.u.s[0] + d * p.u.s[1] + t0s;
@@ -215,6 +225,21 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
     const int64_t tl = t0 + static_cast<int64_t>(lane) * K;
     const int64_t tend = t0 + kPiece;
     const bool chunk_end = (tend % kChunk == 0) || tend >= L;
+    // Aligned block mode: the slot that takes channel d's states when the lane's last step ends a block strictly
+    // inside the sequence (-1: it does not, or the block's entry is pad_slot_id). Its table load is issued before
+    // the piece's inputs, so that its latency overlaps theirs.
+    int64_t bslot = -1;
+    if constexpr (kBlocks == kBlocksAligned) {
+      const int64_t last = tl + K - 1;
+      if (active && last < L - 1 && (sq.ctx + last + 1) % sq.block == 0) {
+        const int64_t slot = table_entry(p, b, (sq.ctx + last) / sq.block);
+        if (slot != p.pad_slot_id) bslot = slot;
+      }
+    }
+    // The chunk-carry row this piece writes (its last piece in a chunk of x), resolved once for all states.
+    W* xrow = nullptr;
+    if (chunk_end && p.x.p != nullptr)
+      xrow = static_cast<W*>(p.x.p) + r * p.x.s[0] + d * p.x.s[1] + (xc0 + t0 / kChunk) * p.x.s[2];
     float dlt[K], du[K], y[K];
     float dsum = 0.f;  // sum of the lane's deltas: its decay product is exp2(A2 * dsum) (real weights)
     if (active) {
@@ -240,15 +265,21 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
       for (int k = 0; k < K; ++k)
         if (tl + k < L - 1 && (sq.ctx + tl + k + 1) % sq.block == 0) bmask |= 1u << k;
     }
-    // Aligned block mode: where channel d's states go when the lane's last step ends a block strictly inside the
-    // sequence (nullptr: it does not, or the block's entry is pad_slot_id), worked out once per piece.
-    W* bstate = nullptr;
+    // Aligned block mode: the lanes whose states go to a slot, and this lane's row among the warp's block-end rows
+    // (-1: none). The state loop stores each state there (shared memory, no test of the slot or global address per
+    // state); each tile's rows are then copied out with the states across lanes (coalesced).
+    unsigned ends = 0;
+    int erow = -1;
     if constexpr (kBlocks == kBlocksAligned) {
-      const int64_t last = tl + K - 1;
-      if (last < L - 1 && (sq.ctx + last + 1) % sq.block == 0) {
-        const int64_t slot = table_entry(p, b, (sq.ctx + last) / sq.block);
-        if (slot != p.pad_slot_id)
-          bstate = static_cast<W*>(state_row<kComplex>(p.ssm_states, slot).p) + d * p.ssm_states.s[1];
+      ends = __ballot_sync(0xffffffffu, bslot >= 0);
+      if (bslot >= 0) {
+        const int e = __popc(ends & ((1u << lane) - 1u));
+        erow = end0 + e * NS;
+        // The slot waits in shared memory too (two 32-bit halves after the rows), so that no register holds it
+        // across the state loop.
+        int* slots = reinterpret_cast<int*>(smem) + end0 + nends * NS;
+        slots[2 * e] = static_cast<int>(bslot & 0xffffffff);
+        slots[2 * e + 1] = static_cast<int>(bslot >> 32);
       }
     }
     for (int64_t n0 = 0; n0 < N; n0 += NS) {
@@ -337,18 +368,31 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, kMinBlocks) fwd_warp_kernel
           steps(std::false_type{});
           // Aligned blocks: only the lane's last step can end a block, and its state is the loop's last.
           if constexpr (kBlocks == kBlocksAligned)
-            if (bstate != nullptr) bstate[n * p.ssm_states.s[2]] = h;
+            if (erow >= 0) reinterpret_cast<float*>(smem)[erow + nn] = h;
         }
         __syncwarp();  // lane 0's read of this state's carry precedes lane 31's update
         if (lane == 31) {
           sP[n] = Pa;
           sH[n] = Hb;
-          if (chunk_end && (p.x.p != nullptr)) {
-            W* xr = static_cast<W*>(p.x.p) + r * p.x.s[0] + d * p.x.s[1] + (xc0 + t0 / kChunk) * p.x.s[2] + 2 * n;
-            xr[0] = Pa;
-            xr[1] = Hb;
+          if (xrow != nullptr) {
+            xrow[2 * n] = Pa;
+            xrow[2 * n + 1] = Hb;
           }
         }
+      }
+      if constexpr (kBlocks == kBlocksAligned) {
+        // The tile's block-end rows to their slots, state n0 + nn of end e at index e * ns + nn across the lanes
+        // (coalesced along the states). The loop's last __syncwarp made every row visible.
+        const int* slots = reinterpret_cast<const int*>(smem) + end0 + nends * NS;
+        for (int i = lane; i < __popc(ends) * ns; i += 32) {
+          const int e = i / ns, nn = i - e * ns;
+          const int64_t slot = static_cast<int64_t>(static_cast<unsigned>(slots[2 * e])) |
+                               (static_cast<int64_t>(slots[2 * e + 1]) << 32);
+          static_cast<W*>(state_row<kComplex>(p.ssm_states, slot).p)[d * p.ssm_states.s[1] +
+                                                                     (n0 + nn) * p.ssm_states.s[2]] =
+              reinterpret_cast<const float*>(smem)[end0 + e * NS + nn];
+        }
+        __syncwarp();  // the rows are read before the next tile rewrites them
       }
     }
     if (!active) continue;

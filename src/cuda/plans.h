@@ -27,13 +27,25 @@ constexpr int kItemsReal = 16, kItemsComplex = 8;
 constexpr int kStateTileReal = 16, kStateTileComplex = 8;
 constexpr int kSlots = 5;  // per warp and state in shared memory: running P and H, A, the B scale, the C coefficient
 
-// Dynamic shared memory of one block: the staged variable B/C rows of a state tile (fp32) and every warp's slots.
-inline size_t smem_bytes(bool cplx, bool var_B, bool var_C, int warps, int64_t dstate) {
+// Block mode with the block size a multiple of kItemsReal (kernels/fwd/warp.cuh, the aligned instance): the most
+// block ends one piece of 32 lanes x kItemsReal steps can hold (its block-end states of a state tile wait in shared
+// memory, one row of kStateTileReal per end, and the end's slot in two more floats); 0 where that instance does not
+// run. Real weights only (serving).
+SELSCAN_HD inline int block_ends_per_piece(int64_t block_size) {
+  if (block_size <= 0 || block_size % kItemsReal != 0) return 0;
+  const int64_t per_end = block_size / kItemsReal;  // lanes per block
+  return static_cast<int>((32 + per_end - 1) / per_end);
+}
+
+// Dynamic shared memory of one block: the staged variable B/C rows of a state tile (fp32), every warp's slots and,
+// in block mode, every warp's block-end rows.
+inline size_t smem_bytes(bool cplx, bool var_B, bool var_C, int warps, int64_t dstate, int64_t block_size = 0) {
   const size_t cw = cplx ? 2 : 1;  // floats per weight
   const size_t stage = static_cast<size_t>(cplx ? kStateTileComplex : kStateTileReal) *
                        (cplx ? kItemsComplex : kItemsReal) * cw * 32 * sizeof(float);
+  const size_t ends = static_cast<size_t>(block_ends_per_piece(block_size)) * (kStateTileReal + 2) * sizeof(float);
   return (var_B ? stage : 0) + (var_C ? stage : 0) +
-         static_cast<size_t>(warps) * static_cast<size_t>(dstate) * kSlots * cw * sizeof(float);
+         static_cast<size_t>(warps) * (static_cast<size_t>(dstate) * kSlots * cw * sizeof(float) + ends);
 }
 
 struct Plan {

@@ -124,7 +124,7 @@ fwd_warp::Plan fwd_warp_plan(const Problem& p) {
   w.warps = static_cast<int>(std::min<int64_t>(kMaxWarps, cpg));
   w.tiles_per_group = ceil_div(cpg, w.warps);
   w.blocks = p.batch * p.groups * w.tiles_per_group;
-  w.smem = smem_bytes(p.is_complex, p.var_B, p.var_C, w.warps, p.dstate);
+  w.smem = smem_bytes(p.is_complex, p.var_B, p.var_C, w.warps, p.dstate, p.serving ? p.block_size : 0);
   return w;
 }
 
