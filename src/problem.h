@@ -61,7 +61,8 @@ struct Problem {
   // tensors and variable B/C, dB/dC are packed as one batch row over seqlen = total_L and `batch` counts the
   // sequences; x has nchunks = total_L / kChunk + batch chunk slots (seq_chunk0()). The index tensors are 1-D
   // (s[0] is their stride) and hold int32 or int64 (has_init: bool bytes or int32) as the flags say.
-  bool serving;           // any serving field given: the warp-scan kernels serve the call, fold_B is off
+  bool serving;           // any serving field given: fold_B is off; the warp-scan kernels serve the call (the
+                          // thread-states forward when forced: src/cuda/select.cpp)
   bool varlen;            // cu_seqlens given
   bool cu_i64, idx_i64;   // cu_seqlens, cache_indices hold int64 (else int32)
   bool init_i32;          // has_init holds int32 (else one byte per entry)

@@ -11,8 +11,8 @@
 #      (bench/build_upstream.py), and pyhost / hf time it beside selscan.
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 #      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
-#      decode tests alone, default kernel choice only (serving calls never take the thread-states kernels), in about
-#      seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
+#      decode tests alone, default kernel choice only (serving calls take the thread-states forward only when
+#      SELSCAN_FWD_KERNEL=ts), in about seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
 #      test (*GpuStateUpdate*: the 232-entry Matrix/ too, on the default plan), without LongSequencesConditionReport
 #      (float64 work on the host) and the tests forcing every decode kernel over the matrix or over Mamba-2's pool
 #      shape (past the cap under memcheck; SmallGridsEveryKernel forces every kernel on small shapes): 253 tests,

@@ -168,12 +168,21 @@ __device__ __forceinline__ uint4 load_row16(const T* row, int64_t t, int64_t L, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The store counterpart: steps at or past L are not written.
-template <typename T>
+// The store counterpart: steps at or past L are not written. kSpelled: the 16-byte store written out as one
+// st.global.v4, where the compiler split the plain one into four (rows whose offset comes from shared memory, as in
+// the thread-states forward's serving instance).
+template <typename T, bool kSpelled = false>
 __device__ __forceinline__ void store_row16(T* row, int64_t t, int64_t L, bool vec, const float* in) {
   constexpr int VE = Vec16<T>::kElems;
   if (vec && t + VE <= L) {
-    store16(row + t, in);
+    if constexpr (kSpelled) {
+      const uint4 v = pack16<T>(in);
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(row + t)), "r"(v.x),
+                   "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    } else {
+      store16(row + t, in);
+    }
     return;
   }
 #pragma unroll

@@ -33,12 +33,12 @@ Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::
                        w.blocks, w.warps * 32, w.smem, l, p, w.tiles_per_group);
 }
 
-// The thread-states forward with its launch-bounds variant.
-template <typename T, int kMinBlocks>
+// The thread-states forward with its launch-bounds variant (kServing: its instance for serving calls).
+template <typename T, int kMinBlocks, bool kServing = false>
 Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   static SmemLimit limit;
-  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem, l, p,
-                       t.shape);
+  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem,
+                       l, p, t.shape);
 }
 
 template <typename T, bool kComplex>
@@ -47,6 +47,8 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     // Serving calls have real weights (validate.cpp).
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
+    if (plan.kernel == cuda::Kernel::ts && p.serving)  // the plan chose 5 blocks per SM for every serving call
+      return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
     if (plan.kernel == cuda::Kernel::ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)

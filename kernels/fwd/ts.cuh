@@ -1,6 +1,6 @@
 // The thread-states forward, for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of
 // one channel sequentially in time, so there is no scan across threads at all. src/cuda/select.cpp says which calls
-// it serves.
+// it serves: dense calls, and serving calls without block mode (packed sequences, state pools) when forced.
 //
 // Why: the warp-scan kernel (warp.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
@@ -16,6 +16,11 @@
 //   epilogue: y = sum of the TPC partials + D u, out and out_z = y silu(z), as 16-byte vectors.
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
+//
+// kServing: the instance for serving calls (one, at MINB kMinBlocksMany: src/cuda/select.cpp), a template parameter so
+// that the dense instances keep their code. Thread 0 looks the block's sequence up (kernels/common/serving.cuh) into
+// shared memory and every thread reads its fields there where they are used: values live across the time loop would
+// cost registers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +29,7 @@
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
+#include "../common/serving.cuh"
 #include "cuda/plans.h"
 #include "problem.h"
 
@@ -85,9 +91,18 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
   }
 }
 
+// The fields of a serving call's sequence (Seq) the kernel reads, in static shared memory. init and fin: its start and
+// end states, at element d * s[1] + n * s[2] with the strides of ssm_states for a pool, else of h0 and last_state.
+struct SeqFields {
+  int64_t row, t0, len, xc0;
+  const float* init;
+  float* fin;
+  int skip;
+};
+
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
 // loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
-template <typename T, int MINB>
+template <typename T, int MINB, bool kServing>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   // The 16-bit variant at MINB 4 (128 registers) is register-starved: the branch-free softplus (more live values while
@@ -104,7 +119,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
   const int NP = TPC * kS;     // padded states
   const int ROW = TT + 4;
-  const int64_t L = p.seqlen, N = p.dstate;
+  const int64_t N = p.dstate;
   const int64_t cpg = p.dim / p.groups;
   int64_t blk = blockIdx.x;
   const int64_t tile = blk % cfg.tiles_per_group;
@@ -114,6 +129,41 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int64_t c0 = tile * CH;  // first channel of the block within the group
   const int nch = static_cast<int>(cpg - c0 < CH ? cpg - c0 : CH);
   const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+  // The sequence's length: a dense call's seqlen (a kernel parameter), a serving call's read from shared memory.
+  __shared__ SeqFields sq;
+  const int64_t L = p.seqlen;
+  const auto len = [&]() -> int64_t {
+    if constexpr (kServing) return sq.len;
+    else return L;
+  };
+  const bool pool = p.ssm_states.p != nullptr;
+  if constexpr (kServing) {
+    if (tid == 0) {
+      const Seq s = seq_of<false, false>(p, b);
+      sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
+                     s.skip};
+    }
+    __syncthreads();
+    if (sq.skip != kSeqRun) {  // padding (0) or a slot outside the pool (NaN): no scan, no slot touched
+      // The whole block skips (one sequence): no thread reaches a barrier below.
+      const float fill = sq.skip == kSeqPad ? 0.f : __int_as_float(0x7fffffff);
+      const int64_t fs1 = pool ? p.ssm_states.s[1] : p.last_state.s[1];
+      const int64_t fs2 = pool ? p.ssm_states.s[2] : p.last_state.s[2];
+      for (int c = 0; c < nch; ++c) {
+        const int64_t dc = g * cpg + c0 + c;
+        T* o = static_cast<T*>(p.out.p) + sq.row * p.out.s[0] + dc * p.out.s[1] + sq.t0;
+        T* oz = p.z.p != nullptr ? static_cast<T*>(p.out_z.p) + sq.row * p.out_z.s[0] + dc * p.out_z.s[1] + sq.t0
+                                 : nullptr;
+        for (int64_t t = tid; t < sq.len; t += nthreads) {
+          o[t] = from_f32<T>(fill);
+          if (oz != nullptr) oz[t] = from_f32<T>(fill);
+        }
+        if (sq.fin != nullptr)  // last_state's row (cache_indices without a pool), else none
+          for (int64_t n = tid; n < N; n += nthreads) sq.fin[dc * fs1 + n * fs2] = fill;
+      }
+      return;
+    }
+  }
 
   float* sDl = smem;                  // [CH][ROW]
   float* sDu = sDl + CH * ROW;        // [CH][ROW]
@@ -139,9 +189,14 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     bs[s] = var_B ? 0.f : (fold_B ? (ok ? 1.f : 0.f) : Bc);
     if (var_C) cf[s] = var_B ? 1.f : (fold_B ? Bc : 1.f);
     else cf[s] = (fold_B ? Bc * Cc : Cc);
-    h[s] = (ok && p.h0.p != nullptr)
-               ? __ldg(static_cast<const float*>(p.h0.p) + b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
-               : 0.f;
+    if constexpr (kServing)  // a pool slot too goes through the read-only path: only this thread writes it, at the end
+      h[s] = (ok && sq.init != nullptr)
+                 ? __ldg(sq.init + d * (pool ? p.ssm_states.s[1] : p.h0.s[1]) + n * (pool ? p.ssm_states.s[2] : p.h0.s[2]))
+                 : 0.f;
+    else
+      h[s] = (ok && p.h0.p != nullptr)
+                 ? __ldg(static_cast<const float*>(p.h0.p) + b * p.h0.s[0] + d * p.h0.s[1] + n * p.h0.s[2])
+                 : 0.f;
     prun[s] = 1.f;
   }
   // Padded state columns of the B/C tiles stay 0 (staging writes only n < N).
@@ -156,7 +211,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const bool vact = tid < CH * vpr && qc < nch;
   const int64_t dq = g * cpg + c0 + (vact ? qc : 0);
   const bool has_z = p.z.p != nullptr;
-  const auto row = [&](const View& v) { return b * v.s[0] + dq * v.s[1]; };
+  const auto row = [&](const View& v) {
+    if constexpr (kServing) return sq.row * v.s[0] + dq * v.s[1] + sq.t0;
+    else return b * v.s[0] + dq * v.s[1];
+  };
   const T* u_row = static_cast<const T*>(p.u.p) + row(p.u);
   const T* dt_row = static_cast<const T*>(p.delta.p) + row(p.delta);
   const bool vec_in = aligned16(u_row) && aligned16(dt_row);
@@ -164,8 +222,12 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const float dbias = (p.delta_bias.p != nullptr) ? __ldg(static_cast<const float*>(p.delta_bias.p) + dq * p.delta_bias.s[0]) : 0.f;
   const int qn = qc;  // the same vector index, read as a state row of the B/C tiles
   const bool bact = qn < N;
-  const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + b * p.B.s[0] + g * p.B.s[1] + qn * p.B.s[2] : nullptr;
-  const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + b * p.C.s[0] + g * p.C.s[1] + qn * p.C.s[2] : nullptr;
+  const auto bc_base = [&](const View& v) {
+    if constexpr (kServing) return sq.row * v.s[0] + g * v.s[1] + qn * v.s[2] + sq.t0;
+    else return b * v.s[0] + g * v.s[1] + qn * v.s[2];
+  };
+  const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + bc_base(p.B) : nullptr;
+  const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + bc_base(p.C) : nullptr;
 
   // Where the epilogue finds D u: fp16/bf16 keep the raw u vector in registers (4 registers); fp32 stages D u in
   // shared memory. Each measured faster for its itype, through register allocation rather than by instruction count.
@@ -173,11 +235,11 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
   const auto prefetch = [&](int64_t t0) {
     if (vact) {
-      ru = load_row16(u_row, t0 + qt, L, vec_in);
-      rdt = load_row16(dt_row, t0 + qt, L, vec_in);
+      ru = load_row16(u_row, t0 + qt, len(), vec_in);
+      rdt = load_row16(dt_row, t0 + qt, len(), vec_in);
     }
-    if (B_row != nullptr) rB = load_row16(B_row, t0 + qt, L, aligned16(B_row));
-    if (C_row != nullptr) rC = load_row16(C_row, t0 + qt, L, aligned16(C_row));
+    if (B_row != nullptr) rB = load_row16(B_row, t0 + qt, len(), aligned16(B_row));
+    if (C_row != nullptr) rC = load_row16(C_row, t0 + qt, len(), aligned16(C_row));
   };
   const auto stage = [&](int64_t t0) {
     if (vact) {
@@ -188,7 +250,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       for (int j = 0; j < V; ++j) {
         float v = dl[j] + dbias;
         if (p.softplus) v = kLean ? softplus_serial(v) : softplus(v);
-        if (t0 + qt + j >= L) v = 0.f;  // past L: the identity step (a = 1, b̄ = 0)
+        if (t0 + qt + j >= len()) v = 0.f;  // past the end: the identity step (a = 1, b̄ = 0)
         dl[j] = v;
         du[j] = v * uu[j];
       }
@@ -216,7 +278,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   };
 
   const bool want_x = p.x.p != nullptr;
-  const int64_t ntiles = (L + TT - 1) / TT;
+  const int64_t ntiles = (len() + TT - 1) / TT;
   float dsum = 0.f;
   prefetch(0);
   stage(0);
@@ -226,7 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     if (it + 1 < ntiles) prefetch(t0 + TT);
     if (has_z && vact) {
       const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
-      rz = load_row16(z_row, t0 + qt, L, aligned16(z_row));
+      rz = load_row16(z_row, t0 + qt, len(), aligned16(z_row));
     }
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
@@ -242,9 +304,14 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
-      if (want_x && (tend % kChunk == 0 || tend >= L)) {
-        // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state.
-        float* xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
+      if (want_x && (tend % kChunk == 0 || tend >= len())) {
+        // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state; a packed sequence's
+        // chunks from its own slot xc0 of row 0 on.
+        float* xr;
+        if constexpr (kServing)
+          xr = static_cast<float*>(p.x.p) + sq.row * p.x.s[0] + d * p.x.s[1] + (sq.xc0 + t0 / kChunk) * p.x.s[2];
+        else
+          xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const int64_t n = static_cast<int64_t>(k) * kS + s;
@@ -286,20 +353,31 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         }
       }
       T* out_row = static_cast<T*>(p.out.p) + row(p.out);
-      store_row16(out_row, t0 + qt, L, aligned16(out_row), y);
+      store_row16<T, kServing>(out_row, t0 + qt, len(), aligned16(out_row), y);
       if (has_z) {
         T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
         float zz[V];
         unpack16<T>(rz, zz);
 #pragma unroll
         for (int j = 0; j < V; ++j) zz[j] = y[j] * silu(zz[j]);
-        store_row16(oz_row, t0 + qt, L, aligned16(oz_row), zz);
+        store_row16<T, kServing>(oz_row, t0 + qt, len(), aligned16(oz_row), zz);
       }
     }
     if (it + 1 < ntiles) stage(t0 + TT);
   }
 
-  if (cactive && p.last_state.p != nullptr) {
+  if constexpr (kServing) {
+    // last_state's row or the sequence's pool slot (serving calls have no fold_B)
+    if (cactive && sq.fin != nullptr) {
+      const int64_t fs1 = pool ? p.ssm_states.s[1] : p.last_state.s[1];
+      const int64_t fs2 = pool ? p.ssm_states.s[2] : p.last_state.s[2];
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const int64_t n = static_cast<int64_t>(k) * kS + s;
+        if (n < N) sq.fin[d * fs1 + n * fs2] = h[s];
+      }
+    }
+  } else if (cactive && p.last_state.p != nullptr) {
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       const int64_t n = static_cast<int64_t>(k) * kS + s;

@@ -34,6 +34,11 @@ constexpr int kFwdTsDefaultTpc = 4;
 // the 4-blocks one (128 registers): each measured faster on its side (4x5120x2048:16 at 19 warps per SM,
 // 8x1536x2048:16 at 11.6; launch bounds 4, 5 and 6 compared).
 constexpr int64_t kFwdTsManyWarpsPerSm = 16;
+// Serving calls without block mode (packed sequences, state pools) take the thread-states forward only when forced
+// (SELSCAN_FWD_KERNEL=ts) until its serving instance is measured on the GPU against the warp-scan kernel's serving
+// variant; true makes them follow the dense rules below. They run that kernel's one serving instance, the
+// 5-blocks-per-SM one (a serving call's grid is many sequences' blocks; one instance keeps the library small).
+constexpr bool kFwdTsServingByDefault = false;
 // Thread-states forward blocks halve from 128 threads while the grid would have fewer blocks than this per SM, so
 // small grids still spread over every SM (a design choice, not tuned).
 constexpr int64_t kFwdTsMinBlocksPerSm = 4;
@@ -111,7 +116,7 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   }
   if (c.tt == 0) return false;
   out->shape = c;
-  out->min_blocks = warps > kFwdTsManyWarpsPerSm * dev.sms ? kMinBlocksMany : kMinBlocksFew;
+  out->min_blocks = (p.serving || warps > kFwdTsManyWarpsPerSm * dev.sms) ? kMinBlocksMany : kMinBlocksFew;
   out->blocks = p.batch * p.groups * c.tiles_per_group;
   out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
   return true;
@@ -220,9 +225,11 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   int64_t blocks = 0;
   int per_block = 0;
   size_t smem = 0;
-  // Serving calls (packed sequences, state pools) run on the warp-scan kernel: the thread-states kernel serves
-  // dense calls only.
-  if (force != Force::warp && !p.serving && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
+  // Serving calls in block mode run on the warp-scan kernel (its block-mode instances); other serving calls take the
+  // thread-states kernel when forced. For a packed call batch counts the sequences and seqlen their total length:
+  // the grid is sequences x groups x channel tiles, and the plan's other numbers do not depend on the length.
+  const bool ts_call = !p.serving || (p.block_size == 0 && (force == Force::ts || kFwdTsServingByDefault));
+  if (force != Force::warp && ts_call && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;

@@ -282,9 +282,13 @@ TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   EXPECT_NE(msg.find("needs 47104 bytes of shared memory per block, device 3 allows 32768"), std::string::npos) << msg;
 }
 
-// Serving calls (docs/serving.md) run the warp-scan kernels in both directions, even on shapes (and with the
-// override) that take the thread-states kernels when dense; a packed call's variable dB/dC images have one row.
-TEST(KernelChoice, ServingCallsRunTheWarpScanKernels) {
+// Serving calls (docs/serving.md) run the warp-scan kernels in both directions by default, even on shapes that take
+// the thread-states kernels when dense. Forced, the forward of a serving call without block mode takes the
+// thread-states kernel with the dense call's plan (8 sequences packed over 2048 steps: the grid counts sequences, the
+// tile length does not depend on the length) but its 5-blocks-per-SM instance, the one with a serving variant; the
+// backward and block mode stay on the warp-scan kernels. A packed
+// call's variable dB/dC images have one row.
+TEST(KernelChoice, ServingCallsTakeTheThreadStatesForwardOnlyWhenForced) {
   Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, true});
   cuda::FwdPlan f;
   cuda::BwdPlan b;
@@ -293,14 +297,35 @@ TEST(KernelChoice, ServingCallsRunTheWarpScanKernels) {
   ASSERT_EQ(f.kernel, cuda::Kernel::ts) << "the dense call of this shape takes the thread-states kernels";
   ASSERT_EQ(b.kernel, cuda::Kernel::ts);
   const int64_t dense_elems = b.var_elems;
-  p.serving = p.varlen = true;
-  p.fold_B = false;
-  for (cuda::Force force : {cuda::Force::none, cuda::Force::ts}) {
-    EXPECT_EQ(cuda::plan_fwd(p, kH200, force, &f), SELSCAN_STATUS_SUCCESS);
-    EXPECT_EQ(cuda::plan_bwd(p, kH200, force, &b), SELSCAN_STATUS_SUCCESS);
+  for (const bool packed : {true, false}) {  // packed sequences, or a state pool over batch rows
+    SCOPED_TRACE(packed ? "packed" : "pool");
+    Problem q = p;
+    q.serving = true;
+    q.varlen = packed;
+    q.fold_B = false;
+    q.slots = packed ? 0 : 16;
+    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
     EXPECT_EQ(f.kernel, cuda::Kernel::warp);
-    EXPECT_EQ(b.kernel, cuda::Kernel::warp);
-    EXPECT_EQ(b.var_elems * p.batch, dense_elems) << "packed: one batch row of variable B/C";
+    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::ts, &f), SELSCAN_STATUS_SUCCESS);
+    ASSERT_EQ(f.kernel, cuda::Kernel::ts);
+    EXPECT_EQ(f.ts.shape.tpc, 4);
+    EXPECT_EQ(f.ts.shape.ch, 16);
+    EXPECT_EQ(f.ts.shape.tt, 32);
+    EXPECT_EQ(f.ts.shape.tiles_per_group, 96);
+    EXPECT_EQ(f.ts.min_blocks, 5) << "the thread-states forward's one serving instance";
+    EXPECT_EQ(f.ts.blocks, 768);
+    EXPECT_EQ(f.ts.smem, 20672u);
+    for (cuda::Force force : {cuda::Force::none, cuda::Force::ts}) {
+      EXPECT_EQ(cuda::plan_bwd(q, kH200, force, &b), SELSCAN_STATUS_SUCCESS);
+      EXPECT_EQ(b.kernel, cuda::Kernel::warp);
+      EXPECT_EQ(b.var_elems * (packed ? q.batch : 1), dense_elems) << "packed: one batch row of variable B/C";
+    }
+    q.block_size = 16;  // block mode: the warp-scan forward's block-mode instances, forced or not
+    q.table_cols = 128;
+    for (cuda::Force force : {cuda::Force::none, cuda::Force::ts}) {
+      EXPECT_EQ(cuda::plan_fwd(q, kH200, force, &f), SELSCAN_STATUS_SUCCESS);
+      EXPECT_EQ(f.kernel, cuda::Kernel::warp);
+    }
   }
 }
 

@@ -1,10 +1,11 @@
 // Serving calls on the GPU (docs/serving.md): packed sequences (cu_seqlens read on the device), initial states from
 // h0 rows or a state pool, padding entries, forward and backward (both reduction modes), against the float64
 // oracle run sequence by sequence (tests/common/varlen_case.h) and against the CPU path; bad offsets stay inside
-// the tensors; a captured CUDA graph follows new index contents on replay.
+// the tensors; a slot outside the pool gives NaN outputs; a captured CUDA graph follows new index contents on replay.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -142,6 +143,30 @@ TEST(GpuVarlen, BadOffsetsStayInBounds) {
   for (int64_t k : {1, 2, 4, 5})
     for (int64_t d = 0; d < s.dim; ++d)
       for (int64_t n = 0; n < s.dstate; ++n) ASSERT_EQ(c.pool.get({k, d, n}), c.pool_in.get({k, d, n}));
+}
+
+// A cache index outside the pool, which the host cannot see: that sequence's outputs are NaN and no slot is touched;
+// the others run normally.
+TEST(GpuVarlen, SlotOutsideThePoolGivesNaN) {
+  REQUIRE_GPU();
+  VarlenSpec s;
+  s.lens = {9, 20, 14};
+  s.dim = 16, s.dstate = 16;
+  s.init = InitFrom::pool, s.slots = 4, s.cache_indices = {1, 7, 2}, s.pad_slot_id = -1;  // 7: outside
+  s.seed = 13;
+  const DeviceMemory dm = cuda_memory();
+  VarlenCase g = make_varlen_case(s);
+  ASSERT_EQ(run_varlen_fwd(g, cuda_exec(), &dm), SELSCAN_STATUS_SUCCESS) << selscan_last_error();
+  for (int64_t b = 0; b < s.batch(); ++b)
+    for (int64_t d = 0; d < s.dim; ++d)
+      for (int64_t l = 0; l < s.lens[static_cast<size_t>(b)]; ++l)
+        for (const Tensor* t : {&g.out, &g.out_z})
+          ASSERT_EQ(std::isnan(t->get({0, d, g.start(b) + l})), b == 1) << "sequence " << b;
+  for (int64_t k : {0, 3})  // named by nobody
+    for (int64_t d = 0; d < s.dim; ++d)
+      for (int64_t n = 0; n < s.dstate; ++n) ASSERT_EQ(g.pool.get({k, d, n}), g.pool_in.get({k, d, n}));
+  for (Tensor* t : g.all())
+    if (t->present()) EXPECT_TRUE(t->check_guards(t->storage[0]).empty()) << t->check_guards(t->storage[0]);
 }
 
 // A forward captured in a CUDA graph reads cu_seqlens and cache_indices on the device at replay: new contents
