@@ -43,6 +43,13 @@
 #   COLLECTIVES_ARGS (default none: 4096 iterations, 11 repeats), collectives.txt and collectives.json (exit 1 when a
 #   variant fails its float64 check); with ncu first a profile of one launch per variant (collectives-ncu.csv), whose
 #   instruction counts the table then shows; and the static SASS counts of every variant's loop (collectives-sass.txt).
+# Step `serving-ts`, not part of all either: the thread-states forward's serving instance, which serving calls take
+#   only with SELSCAN_FWD_KERNEL=ts until it is measured (src/cuda/select.cpp, kFwdTsServingByDefault): GpuVarlen*
+#   with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps each, default 150 s), then
+#   gpu_varlen/fwd with the default choice and forced, alternated twice, medians side by side in serving-ts.md.
+# Step `blocks-profile`, not part of all either: ncu on one launch of the forward for gpu_varlen's pool and blocks256
+#   rows (skewed32): launch, speed-of-light, instruction and warp-state sections in blocks-profile-<row>.txt, for the
+#   block-state overhead (docs/serving.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -329,6 +336,62 @@ if named collectives; then
       "$cuobjdump_bin" -sass "$coll" | python3 bench/collectives/sass_loops.py >"$OUT/collectives-sass.txt" 2>&1
       note "collectives: static SASS counts rc=$? (collectives-sass.txt)"
     fi
+  fi
+fi
+
+if named serving-ts; then
+  gpu_tests=$(find "$BUILD" -name 'selscan_tests_gpu' -type f -perm -u+x | head -1)
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  if [ -z "$gpu_tests" ] || [ -z "$bench" ]; then
+    note "serving-ts: no selscan_tests_gpu or selscan_bench binary (run the build step first)"
+  else
+    SELSCAN_FWD_KERNEL=ts "$gpu_tests" --gtest_filter='GpuVarlen*' >"$OUT/serving-ts-tests.log" 2>&1
+    note "serving-ts: GpuVarlen* forced rc=$?, $(grep -E '^\[  (PASSED  |FAILED  )\] [0-9]' "$OUT/serving-ts-tests.log" | tr -s ' ' | tr '\n' ' ')"
+    for tool in memcheck racecheck; do
+      filter='GpuVarlen*-GpuVarlen.LongSequencesConditionReport'
+      [ $tool = racecheck ] && filter='GpuVarlen.PackedMatchesOracle:GpuVarlen.PoolSlotsAndPadding:GpuVarlen.MatchesCpuPath'
+      SELSCAN_FWD_KERNEL=ts timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool $tool --error-exitcode 9 \
+        "$gpu_tests" --gtest_filter="$filter" >"$OUT/serving-ts-$tool.log" 2>&1
+      note "serving-ts: $tool forced rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/serving-ts-$tool.log" | tail -1)"
+    done
+    for round in 1 2; do
+      for kernel in default ts; do
+        force=(); [ $kernel = ts ] && force=(SELSCAN_FWD_KERNEL=ts)
+        env "${force[@]}" "$bench" --benchmark_filter='gpu_varlen/fwd' \
+          --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out_format=json \
+          --benchmark_out="$OUT/serving-ts-$kernel-$round.json" >/dev/null 2>&1
+      done
+    done
+    python3 - "$OUT" >"$OUT/serving-ts.md" <<'PY'
+import glob, json, os, sys
+best = {}
+for f in glob.glob(os.path.join(sys.argv[1], "serving-ts-*-*.json")):
+    kernel = os.path.basename(f).split("-")[2]
+    for b in json.load(open(f))["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            k = (b["run_name"].replace("/manual_time", ""), kernel)
+            best[k] = min(best.get(k, float("inf")), b["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0}[b["time_unit"]])
+print("| row (ms, median of 3, better of 2 rounds) | default | SELSCAN_FWD_KERNEL=ts |\n|---|---:|---:|")
+for row in sorted({r for r, _ in best}):
+    print("| %s | %.3f | %.3f |" % (row, best.get((row, "default"), float("nan")), best.get((row, "ts"), float("nan"))))
+PY
+    note "serving-ts: gpu_varlen/fwd default vs forced rc=$? (serving-ts.md)"
+  fi
+fi
+
+if named blocks-profile; then
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -z "$bench" ] || [ -z "$ncu_bin" ]; then
+    note "blocks-profile: no selscan_bench binary or no ncu"
+  else
+    for row in pool blocks256; do
+      "$ncu_bin" --kernel-name regex:fwd_warp_kernel --launch-count 1 --section LaunchStats --section SpeedOfLight \
+        --section InstructionStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$bench" --benchmark_filter="gpu_varlen/fwd_infer/$row/skewed32" --benchmark_min_time=0.001s \
+        >"$OUT/blocks-profile-$row.txt" 2>&1
+      note "blocks-profile: $row rc=$? (blocks-profile-$row.txt)"
+    done
   fi
 fi
 
