@@ -2,6 +2,7 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 #        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
+#        serving-ts blocks-profile
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc), CMAKE_ARGS (more options
 #      for the build step's configure, e.g. -DSELSCAN_TORCH_OPS=ON),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
