@@ -152,11 +152,28 @@ __device__ __forceinline__ void store_run(T* row, int64_t e0, int64_t lim, bool 
 }
 
 // 16 bytes' worth of a row's itype values from time t: one vector load when `vec` (the row is 16-byte aligned)
-// and the vector ends before L; otherwise element by element, with 0 past L.
-template <typename T>
+// and the vector ends before L; otherwise element by element, with 0 past L. kAnyAlign: `vec` is not used; the
+// address decides: 16-, 8- or 4-byte loads, whichever it allows (a packed sequence at any offset: the thread-states
+// forward's serving instance), element by element only for an odd 16-bit offset.
+template <typename T, bool kAnyAlign = false>
 __device__ __forceinline__ uint4 load_row16(const T* row, int64_t t, int64_t L, bool vec) {
   constexpr int VE = Vec16<T>::kElems;
-  if (vec && t + VE <= L) return __ldg(reinterpret_cast<const uint4*>(row + t));
+  if constexpr (kAnyAlign) {
+    if (t + VE <= L) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(row + t);
+      if ((a & 15u) == 0) return __ldg(reinterpret_cast<const uint4*>(a));
+      if ((a & 7u) == 0) {
+        const uint2 lo = __ldg(reinterpret_cast<const uint2*>(a)), hi = __ldg(reinterpret_cast<const uint2*>(a) + 1);
+        return make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
+      if ((a & 3u) == 0) {
+        const unsigned* w = reinterpret_cast<const unsigned*>(a);
+        return make_uint4(__ldg(w), __ldg(w + 1), __ldg(w + 2), __ldg(w + 3));
+      }
+    }
+  } else {
+    if (vec && t + VE <= L) return __ldg(reinterpret_cast<const uint4*>(row + t));
+  }
   uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
   for (int j = 0; j < VE; ++j) {
@@ -168,21 +185,34 @@ __device__ __forceinline__ uint4 load_row16(const T* row, int64_t t, int64_t L, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The store counterpart: steps at or past L are not written. kSpelled: the 16-byte store written out as one
-// st.global.v4, where the compiler split the plain one into four (rows whose offset comes from shared memory, as in
-// the thread-states forward's serving instance).
-template <typename T, bool kSpelled = false>
+// The store counterpart: steps at or past L are not written. kAnyAlign: as for the load, the address decides the
+// width; the stores are spelled out (st.global): where the row's offset came from shared memory the compiler split a
+// plain 16-byte store into four.
+template <typename T, bool kAnyAlign = false>
 __device__ __forceinline__ void store_row16(T* row, int64_t t, int64_t L, bool vec, const float* in) {
   constexpr int VE = Vec16<T>::kElems;
-  if (vec && t + VE <= L) {
-    if constexpr (kSpelled) {
+  if constexpr (kAnyAlign) {
+    if (t + VE <= L) {
       const uint4 v = pack16<T>(in);
-      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(row + t)), "r"(v.x),
-                   "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
-    } else {
-      store16(row + t, in);
+      const size_t a = __cvta_generic_to_global(row + t);
+      if ((a & 15u) == 0) {
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                     : "memory");
+        return;
+      }
+      if ((a & 7u) == 0) {
+        asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(a), "r"(v.x), "r"(v.y) : "memory");
+        asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(a + 8), "r"(v.z), "r"(v.w) : "memory");
+        return;
+      }
+      if ((a & 3u) == 0) {
+        unsigned* w = reinterpret_cast<unsigned*>(row + t);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        return;
+      }
     }
+  } else if (vec && t + VE <= L) {
+    store16(row + t, in);
     return;
   }
 #pragma unroll

@@ -235,11 +235,11 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
   const auto prefetch = [&](int64_t t0) {
     if (vact) {
-      ru = load_row16(u_row, t0 + qt, len(), vec_in);
-      rdt = load_row16(dt_row, t0 + qt, len(), vec_in);
+      ru = load_row16<T, kServing>(u_row, t0 + qt, len(), vec_in);
+      rdt = load_row16<T, kServing>(dt_row, t0 + qt, len(), vec_in);
     }
-    if (B_row != nullptr) rB = load_row16(B_row, t0 + qt, len(), aligned16(B_row));
-    if (C_row != nullptr) rC = load_row16(C_row, t0 + qt, len(), aligned16(C_row));
+    if (B_row != nullptr) rB = load_row16<T, kServing>(B_row, t0 + qt, len(), aligned16(B_row));
+    if (C_row != nullptr) rC = load_row16<T, kServing>(C_row, t0 + qt, len(), aligned16(C_row));
   };
   const auto stage = [&](int64_t t0) {
     if (vact) {
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     if (it + 1 < ntiles) prefetch(t0 + TT);
     if (has_z && vact) {
       const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
-      rz = load_row16(z_row, t0 + qt, len(), aligned16(z_row));
+      rz = load_row16<T, kServing>(z_row, t0 + qt, len(), aligned16(z_row));
     }
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
