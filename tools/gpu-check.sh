@@ -46,8 +46,9 @@
 #   instruction counts the table then shows; and the static SASS counts of every variant's loop (collectives-sass.txt).
 # Step `serving-ts`, not part of all either: the thread-states forward's serving instance, which serving calls take
 #   only with SELSCAN_FWD_KERNEL=ts until it is measured (src/cuda/select.cpp, kFwdTsServingByDefault): GpuVarlen*
-#   with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps each, default 150 s), then
-#   gpu_varlen/fwd with the default choice and forced, alternated twice, medians side by side in serving-ts.md.
+#   and GpuBlockStates* with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps each, default
+#   150 s), then gpu_varlen/fwd with the default choice and forced, alternated twice, medians side by side in
+#   serving-ts.md.
 # Step `blocks-profile`, not part of all either: ncu on one launch of the forward for gpu_varlen's pool and blocks256
 #   rows (skewed32): launch, speed-of-light, instruction and warp-state sections in blocks-profile-<row>.txt, for the
 #   block-state overhead (docs/serving.md).
@@ -346,11 +347,11 @@ if named serving-ts; then
   if [ -z "$gpu_tests" ] || [ -z "$bench" ]; then
     note "serving-ts: no selscan_tests_gpu or selscan_bench binary (run the build step first)"
   else
-    SELSCAN_FWD_KERNEL=ts "$gpu_tests" --gtest_filter='GpuVarlen*' >"$OUT/serving-ts-tests.log" 2>&1
-    note "serving-ts: GpuVarlen* forced rc=$?, $(grep -E '^\[  (PASSED  |FAILED  )\] [0-9]' "$OUT/serving-ts-tests.log" | tr -s ' ' | tr '\n' ' ')"
+    SELSCAN_FWD_KERNEL=ts "$gpu_tests" --gtest_filter='GpuVarlen*:GpuBlockStates*' >"$OUT/serving-ts-tests.log" 2>&1
+    note "serving-ts: GpuVarlen*:GpuBlockStates* forced rc=$?, $(grep -E '^\[  (PASSED  |FAILED  )\] [0-9]' "$OUT/serving-ts-tests.log" | tr -s ' ' | tr '\n' ' ')"
     for tool in memcheck racecheck; do
-      filter='GpuVarlen*-GpuVarlen.LongSequencesConditionReport'
-      [ $tool = racecheck ] && filter='GpuVarlen.PackedMatchesOracle:GpuVarlen.PoolSlotsAndPadding:GpuVarlen.MatchesCpuPath'
+      filter='GpuVarlen*:GpuBlockStates*-GpuVarlen.LongSequencesConditionReport'
+      [ $tool = racecheck ] && filter='GpuVarlen.PackedMatchesOracle:GpuVarlen.PoolSlotsAndPadding:GpuBlockStates.MatchesOracleAndCpu'
       SELSCAN_FWD_KERNEL=ts timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool $tool --error-exitcode 9 \
         "$gpu_tests" --gtest_filter="$filter" >"$OUT/serving-ts-$tool.log" 2>&1
       note "serving-ts: $tool forced rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/serving-ts-$tool.log" | tail -1)"

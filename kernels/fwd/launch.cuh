@@ -47,8 +47,14 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     // Serving calls have real weights (validate.cpp).
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
-    if (plan.kernel == cuda::Kernel::ts && p.serving)  // the plan chose 5 blocks per SM for every serving call
-      return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
+    if (plan.kernel == cuda::Kernel::ts && p.serving) {  // the plan chose 5 blocks per SM for every serving call
+      if (const Status s = launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
+          s != SELSCAN_STATUS_SUCCESS || p.block_size == 0 || p.context_lens.p == nullptr)
+        return s;
+      // Block mode with contexts: the sequences whose context is not a multiple of 16 (the thread-states blocks
+      // return at once from them) on the warp-scan kernel's unaligned instance, which returns from the others.
+      return launch_warp<T, false, cuda::fwd_warp::kItemsReal, true, kBlocksUnaligned>(p, plan.warp, l);
+    }
     if (plan.kernel == cuda::Kernel::ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)

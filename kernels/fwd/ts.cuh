@@ -1,6 +1,7 @@
 // The thread-states forward, for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of
 // one channel sequentially in time, so there is no scan across threads at all. src/cuda/select.cpp says which calls
-// it serves: dense calls, and serving calls without block mode (packed sequences, state pools) when forced.
+// it serves: dense calls, and when forced serving calls (packed sequences, state pools, block mode with blocks of a
+// multiple of 16 steps).
 //
 // Why: the warp-scan kernel (warp.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions
@@ -18,9 +19,9 @@
 // end) and last_state are written by the thread that owns the state.
 //
 // kServing: the instance for serving calls (one, at MINB kMinBlocksMany: src/cuda/select.cpp), a template parameter so
-// that the dense instances keep their code. Thread 0 looks the block's sequence up (kernels/common/serving.cuh) into
-// shared memory and every thread reads its fields there where they are used: values live across the time loop would
-// cost registers.
+// that the dense instances keep their code. The first warp looks the block's sequence up (kernels/common/serving.cuh;
+// block mode checks its table entries across the warp) into shared memory and every thread reads its fields there
+// where they are used: values live across the time loop would cost registers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -98,7 +99,11 @@ struct SeqFields {
   const float* init;
   float* fin;
   int skip;
+  int64_t ctx, block;  // block mode: the context and the block size (0: no block mode)
 };
+// Block mode: a sequence this instance leaves to the warp-scan kernel's unaligned instance (its context is not a
+// multiple of cuda::fwd_warp::kItemsReal; kernels/fwd/warp.cuh, blocks_aligned_ctx, decides alike).
+constexpr int kSeqOther = -1;
 
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
 // loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
@@ -138,12 +143,26 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   };
   const bool pool = p.ssm_states.p != nullptr;
   if constexpr (kServing) {
-    if (tid == 0) {
-      const Seq s = seq_of<false, false>(p, b);
-      sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
-                     s.skip};
+    if (tid < 32) {  // block mode's lookup checks the sequence's table entries across a warp
+      constexpr int64_t kAlign = cuda::fwd_warp::kItemsReal;
+      if (p.block_size > 0) {
+        const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
+        if (c % kAlign == 0) {
+          const Seq s = seq_of<false, true>(p, b);
+          if (tid == 0)
+            sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p),
+                           static_cast<float*>(s.fin.p), s.skip, s.ctx, s.block};
+        } else if (tid == 0) {
+          sq.skip = kSeqOther;
+        }
+      } else if (tid == 0) {
+        const Seq s = seq_of<false, false>(p, b);
+        sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
+                       s.skip, 0, 0};
+      }
     }
     __syncthreads();
+    if (sq.skip == kSeqOther) return;  // the whole block: no barrier below is reached
     if (sq.skip != kSeqRun) {  // padding (0) or a slot outside the pool (NaN): no scan, no slot touched
       // The whole block skips (one sequence): no thread reaches a barrier below.
       const float fill = sq.skip == kSeqPad ? 0.f : __int_as_float(0x7fffffff);
@@ -322,6 +341,22 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           }
         }
         dsum = 0.f;
+      }
+      if constexpr (kServing) {
+        // Block mode: a block ending with this tile strictly inside the sequence leaves its states in the slot its
+        // table entry names (unless pad_slot_id). Block ends fall on tile ends: the context and the block size are
+        // multiples of 16 here and the plan's tile length divides 16 (src/cuda/select.cpp).
+        if (sq.block > 0 && tend < sq.len && (sq.ctx + tend) % sq.block == 0) {
+          const int64_t slot = table_entry(p, b, (sq.ctx + tend) / sq.block - 1);
+          if (slot != p.pad_slot_id) {
+            float* row = static_cast<float*>(p.ssm_states.p) + slot * p.ssm_states.s[0] + d * p.ssm_states.s[1];
+#pragma unroll
+            for (int s = 0; s < kS; ++s) {
+              const int64_t n = static_cast<int64_t>(k) * kS + s;
+              if (n < N) row[n * p.ssm_states.s[2]] = h[s];
+            }
+          }
+        }
       }
     }
     __syncthreads();  // sY complete; the tile's staged inputs are no longer read

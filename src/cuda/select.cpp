@@ -107,6 +107,8 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   const int vec_elems = 16 / itype_bytes(p.itype);
   c.tt = 0;
   for (int tt : {32, 16, 8}) {
+    // Block mode: block ends (multiples of 16 steps from a context that is one) must fall on tile ends.
+    if (p.serving && p.block_size > 0 && tt > fwd_warp::kItemsReal) continue;
     if (tt < vec_elems) break;
     const int64_t vpr = tt / vec_elems;
     if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {
@@ -225,15 +227,24 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   int64_t blocks = 0;
   int per_block = 0;
   size_t smem = 0;
-  // Serving calls in block mode run on the warp-scan kernel (its block-mode instances); other serving calls take the
-  // thread-states kernel when forced. For a packed call batch counts the sequences and seqlen their total length:
-  // the grid is sequences x groups x channel tiles, and the plan's other numbers do not depend on the length.
-  const bool ts_call = !p.serving || (p.block_size == 0 && (force == Force::ts || kFwdTsServingByDefault));
+  // Serving calls take the thread-states kernel when forced (until measured: kFwdTsServingByDefault), block mode
+  // only with a block size the warp-scan kernel's aligned instance takes (a multiple of its 16 steps per lane): the
+  // thread-states kernel serves the sequences that instance would (context a multiple of 16) and the warp-scan
+  // unaligned instance the others, launched after it (its plan below). For a packed call batch counts the sequences
+  // and seqlen their total length: the grid is sequences x groups x channel tiles, and the plan's other numbers do
+  // not depend on the length.
+  const bool ts_blocks_ok = p.block_size == 0 || p.block_size % fwd_warp::kItemsReal == 0;
+  const bool ts_call = !p.serving || (ts_blocks_ok && (force == Force::ts || kFwdTsServingByDefault));
   if (force != Force::warp && ts_call && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;
     smem = plan.ts.smem;
+    if (p.serving && p.block_size > 0) {
+      plan.warp = fwd_warp_plan(p);
+      if (static_cast<int64_t>(plan.warp.smem) > dev.smem_optin)
+        return smem_over_limit("forward (warp-scan kernel)", plan.warp.smem, dev);
+    }
   } else {
     plan.kernel = Kernel::warp;
     plan.warp = fwd_warp_plan(p);

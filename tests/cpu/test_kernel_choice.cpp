@@ -320,11 +320,27 @@ TEST(KernelChoice, ServingCallsTakeTheThreadStatesForwardOnlyWhenForced) {
       EXPECT_EQ(b.kernel, cuda::Kernel::warp);
       EXPECT_EQ(b.var_elems * (packed ? q.batch : 1), dense_elems) << "packed: one batch row of variable B/C";
     }
-    q.block_size = 16;  // block mode: the warp-scan forward's block-mode instances, forced or not
+    // Block mode: by default the warp-scan forward's block-mode instances. Forced, with a block size they take in
+    // their aligned instance (a multiple of 16), the thread-states kernel with a tile that divides 16 (block ends on
+    // tile ends) and the warp-scan plan beside it for the unaligned instance; with any other block size the warp-scan
+    // kernel, forced or not.
     q.table_cols = 128;
-    for (cuda::Force force : {cuda::Force::none, cuda::Force::ts}) {
-      EXPECT_EQ(cuda::plan_fwd(q, kH200, force, &f), SELSCAN_STATUS_SUCCESS);
+    for (const int64_t K : {16, 256, 8, 100}) {
+      SCOPED_TRACE("block size " + std::to_string(K));
+      q.block_size = K;
+      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
       EXPECT_EQ(f.kernel, cuda::Kernel::warp);
+      f = cuda::FwdPlan{};
+      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::ts, &f), SELSCAN_STATUS_SUCCESS);
+      if (K % 16 == 0) {
+        ASSERT_EQ(f.kernel, cuda::Kernel::ts);
+        EXPECT_EQ(f.ts.shape.tt, 16) << "bf16: one 16-byte vector per thread, the longest tile dividing 16";
+        EXPECT_EQ(f.ts.min_blocks, 5);
+        EXPECT_EQ(f.warp.warps, 8) << "the unaligned instance's plan";
+        EXPECT_EQ(f.warp.smem, cuda::fwd_warp::smem_bytes(false, q.var_B, q.var_C, 8, 16, K));
+      } else {
+        EXPECT_EQ(f.kernel, cuda::Kernel::warp);
+      }
     }
   }
 }
