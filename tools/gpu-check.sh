@@ -364,15 +364,16 @@ if named serving-ts; then
           --benchmark_out="$OUT/serving-ts-$kernel-$round.json" >/dev/null 2>&1
       done
     done
-    python3 - "$OUT" >"$OUT/serving-ts.md" <<'PY'
-import glob, json, os, sys
+    python3 - "$OUT"/serving-ts-*-*.json >"$OUT/serving-ts.md" <<'PY'
+import os, sys
+sys.path.insert(0, "bench")
+import report  # bench/report.py: the medians of a selscan_bench JSON file, in ms
 best = {}
-for f in glob.glob(os.path.join(sys.argv[1], "serving-ts-*-*.json")):
-    kernel = os.path.basename(f).split("-")[2]
-    for b in json.load(open(f))["benchmarks"]:
-        if b.get("aggregate_name") == "median":
-            k = (b["run_name"].replace("/manual_time", ""), kernel)
-            best[k] = min(best.get(k, float("inf")), b["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0}[b["time_unit"]])
+for path in sys.argv[1:]:
+    kernel = os.path.basename(path).split("-")[2]
+    for key, v in report.load(path, kernel)["results"].items():
+        row = "/".join(k for k in key[:4] if k)
+        best[row, kernel] = min(best.get((row, kernel), float("inf")), v["ms"])
 print("| row (ms, median of 3, better of 2 rounds) | default | SELSCAN_FWD_KERNEL=ts |\n|---|---:|---:|")
 for row in sorted({r for r, _ in best}):
     print("| %s | %.3f | %.3f |" % (row, best.get((row, "default"), float("nan")), best.get((row, "ts"), float("nan"))))

@@ -104,6 +104,18 @@ __device__ __forceinline__ void store_block_state(const Problem& p, const Seq& s
   st_w<kC>(v.p, d * v.s[1] + n * v.s[2], h);
 }
 
+// Which block-mode forward serves sequence b: the aligned one (the warp-scan kernel's aligned instance, or the
+// thread-states serving instance in its place) where K = cuda::fwd_warp::kItemsReal divides the block size and the
+// sequence's context (its block ends all fall on the last of a lane's K steps), else the warp-scan unaligned
+// instance (kernels/fwd/). Decided from the context length alone, so the other kernel's blocks return after one load
+// instead of after the sequence's offsets and every table entry it names (three dependent rounds). Every block-mode
+// kernel evaluates it alike, so exactly one serves each sequence; seq_blocks reads the same entry, and
+// kernels/fwd/launch.cuh skips the unaligned instance where no sequence can need it.
+__device__ __forceinline__ bool blocks_aligned_ctx(const Problem& p, int64_t b, int K) {
+  const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
+  return p.block_size % K == 0 && c % K == 0;
+}
+
 // The block-mode instances of the forward (kernels/fwd/warp.cuh): none, the one for sequences whose block ends fall
 // on the last of every K steps, the one for the others.
 enum BlockMode : int { kNoBlocks = 0, kBlocksAligned = 1, kBlocksUnaligned = 2 };

@@ -101,8 +101,8 @@ struct SeqFields {
   int skip;
   int64_t ctx, block;  // block mode: the context and the block size (0: no block mode)
 };
-// Block mode: a sequence this instance leaves to the warp-scan kernel's unaligned instance (its context is not a
-// multiple of cuda::fwd_warp::kItemsReal; kernels/fwd/warp.cuh, blocks_aligned_ctx, decides alike).
+// Block mode: a sequence this instance leaves to the warp-scan kernel's unaligned instance (blocks_aligned_ctx,
+// kernels/common/serving.cuh).
 constexpr int kSeqOther = -1;
 
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
@@ -143,22 +143,18 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   };
   const bool pool = p.ssm_states.p != nullptr;
   if constexpr (kServing) {
-    if (tid < 32) {  // block mode's lookup checks the sequence's table entries across a warp
-      constexpr int64_t kAlign = cuda::fwd_warp::kItemsReal;
-      if (p.block_size > 0) {
-        const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
-        if (c % kAlign == 0) {
-          const Seq s = seq_of<false, true>(p, b);
-          if (tid == 0)
-            sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p),
-                           static_cast<float*>(s.fin.p), s.skip, s.ctx, s.block};
-        } else if (tid == 0) {
-          sq.skip = kSeqOther;
-        }
-      } else if (tid == 0) {
-        const Seq s = seq_of<false, false>(p, b);
-        sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
-                       s.skip, 0, 0};
+    const auto keep = [&](const Seq& s) {
+      sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
+                     s.skip, s.ctx, s.block};
+    };
+    if (p.block_size == 0) {
+      if (tid == 0) keep(seq_of<false, false>(p, b));
+    } else if (tid < 32) {  // block mode's lookup checks the sequence's table entries across a warp
+      if (!blocks_aligned_ctx(p, b, cuda::fwd_warp::kItemsReal)) {
+        if (tid == 0) sq.skip = kSeqOther;
+      } else {
+        const Seq s = seq_of<false, true>(p, b);
+        if (tid == 0) keep(s);
       }
     }
     __syncthreads();
@@ -349,6 +345,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         if (sq.block > 0 && tend < sq.len && (sq.ctx + tend) % sq.block == 0) {
           const int64_t slot = table_entry(p, b, (sq.ctx + tend) / sq.block - 1);
           if (slot != p.pad_slot_id) {
+            // Spelled out rather than state_row(), whose View copy cost this instance spills (ptxas).
             float* row = static_cast<float*>(p.ssm_states.p) + slot * p.ssm_states.s[0] + d * p.ssm_states.s[1];
 #pragma unroll
             for (int s = 0; s < kS; ++s) {

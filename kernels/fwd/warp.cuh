@@ -68,17 +68,6 @@ __device__ __forceinline__ void fwd_stage(float4* dst, const View& v, int64_t b,
   }
 }
 
-// Which block-mode instance serves sequence b: the aligned one where K divides the block size and the sequence's
-// context (its block ends all fall on the last of a lane's K steps). Decided from the context length alone, so the
-// other instance's blocks return after one load instead of after the sequence's offsets and every table entry it
-// names (three dependent rounds). Both instances evaluate it alike, so exactly one serves each sequence;
-// seq_blocks (kernels/common/serving.cuh) reads the same entry, and launch.cuh skips the unaligned instance where
-// no sequence can need it.
-__device__ __forceinline__ bool blocks_aligned_ctx(const Problem& p, int64_t b, int K) {
-  const int64_t c = p.context_lens.p != nullptr ? load_entry(p.context_lens, p.ctx_i64, b) : 0;
-  return p.block_size % K == 0 && c % K == 0;
-}
-
 // Reads a lane's K staged steps of one state row: real -> K floats, complex -> K float2.
 template <bool kComplex, int K>
 __device__ __forceinline__ void fwd_read_stage(const float4* src, int nn, int lane,
