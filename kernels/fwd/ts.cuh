@@ -1,7 +1,7 @@
 // The thread-states forward, for real weights and dstate <= 32: every thread runs the recurrence of kS = 4 states of
 // one channel sequentially in time, so there is no scan across threads at all. src/cuda/select.cpp says which calls
-// it serves: dense calls, and when forced serving calls (packed sequences, state pools, block mode with blocks of a
-// multiple of 16 steps).
+// it serves: dense calls and serving calls (packed sequences, state pools, block mode with blocks of a multiple of 16
+// steps).
 //
 // Why: the warp-scan kernel (warp.cuh) pays a thread-local fold, a 5-step shuffle scan and a second pass per state
 // and piece (~9.6 instructions per state update, long dependency chains). Here a state update is 5 instructions

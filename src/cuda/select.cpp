@@ -34,11 +34,6 @@ constexpr int kFwdTsDefaultTpc = 4;
 // the 4-blocks one (128 registers): each measured faster on its side (4x5120x2048:16 at 19 warps per SM,
 // 8x1536x2048:16 at 11.6; launch bounds 4, 5 and 6 compared).
 constexpr int64_t kFwdTsManyWarpsPerSm = 16;
-// Serving calls without block mode (packed sequences, state pools) take the thread-states forward only when forced
-// (SELSCAN_FWD_KERNEL=ts) until its serving instance is measured on the GPU against the warp-scan kernel's serving
-// variant; true makes them follow the dense rules below. They run that kernel's one serving instance, the
-// 5-blocks-per-SM one (a serving call's grid is many sequences' blocks; one instance keeps the library small).
-constexpr bool kFwdTsServingByDefault = false;
 // Thread-states forward blocks halve from 128 threads while the grid would have fewer blocks than this per SM, so
 // small grids still spread over every SM (a design choice, not tuned).
 constexpr int64_t kFwdTsMinBlocksPerSm = 4;
@@ -227,15 +222,16 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   int64_t blocks = 0;
   int per_block = 0;
   size_t smem = 0;
-  // Serving calls take the thread-states kernel when forced (until measured: kFwdTsServingByDefault), block mode
-  // only with a block size the warp-scan kernel's aligned instance takes (a multiple of its 16 steps per lane): the
+  // Serving calls follow the dense rules, in the thread-states kernel's one serving instance (5 blocks per SM: a
+  // serving grid is many sequences' blocks; one instance keeps the library small), 1.4-2.3x the warp-scan kernel's
+  // serving variant on the H200 (validation/gpu-runs.md, run 78). Block mode only with a block size the warp-scan
+  // kernel's aligned instance takes (a multiple of its 16 steps per lane): the
   // thread-states kernel serves the sequences that instance would (context a multiple of 16) and the warp-scan
   // unaligned instance the others, launched after it (its plan below). For a packed call batch counts the sequences
   // and seqlen their total length: the grid is sequences x groups x channel tiles, and the plan's other numbers do
   // not depend on the length.
   const bool ts_blocks_ok = p.block_size == 0 || p.block_size % fwd_warp::kItemsReal == 0;
-  const bool ts_call = !p.serving || (ts_blocks_ok && (force == Force::ts || kFwdTsServingByDefault));
-  if (force != Force::warp && ts_call && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
+  if (force != Force::warp && ts_blocks_ok && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;

@@ -282,13 +282,12 @@ TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   EXPECT_NE(msg.find("needs 47104 bytes of shared memory per block, device 3 allows 32768"), std::string::npos) << msg;
 }
 
-// Serving calls (docs/serving.md) run the warp-scan kernels in both directions by default, even on shapes that take
-// the thread-states kernels when dense. Forced, the forward of a serving call without block mode takes the
-// thread-states kernel with the dense call's plan (8 sequences packed over 2048 steps: the grid counts sequences, the
-// tile length does not depend on the length) but its 5-blocks-per-SM instance, the one with a serving variant; the
-// backward and block mode stay on the warp-scan kernels. A packed
-// call's variable dB/dC images have one row.
-TEST(KernelChoice, ServingCallsTakeTheThreadStatesForwardOnlyWhenForced) {
+// Serving calls (docs/serving.md): the forward of one follows the dense rules, with the dense call's plan (8
+// sequences packed over 2048 steps: the grid counts sequences, the tile length does not depend on the length) but the
+// thread-states kernel's 5-blocks-per-SM instance, the one with a serving variant; forced to the warp-scan kernel it
+// takes that kernel's serving variant. The backward stays on the warp-scan kernel. A packed call's variable dB/dC
+// images have one row.
+TEST(KernelChoice, ServingForwardTakesTheThreadStatesServingInstance) {
   Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, true});
   cuda::FwdPlan f;
   cuda::BwdPlan b;
@@ -304,9 +303,9 @@ TEST(KernelChoice, ServingCallsTakeTheThreadStatesForwardOnlyWhenForced) {
     q.varlen = packed;
     q.fold_B = false;
     q.slots = packed ? 0 : 16;
-    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::warp, &f), SELSCAN_STATUS_SUCCESS);
     EXPECT_EQ(f.kernel, cuda::Kernel::warp);
-    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::ts, &f), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
     ASSERT_EQ(f.kernel, cuda::Kernel::ts);
     EXPECT_EQ(f.ts.shape.tpc, 4);
     EXPECT_EQ(f.ts.shape.ch, 16);
@@ -320,18 +319,17 @@ TEST(KernelChoice, ServingCallsTakeTheThreadStatesForwardOnlyWhenForced) {
       EXPECT_EQ(b.kernel, cuda::Kernel::warp);
       EXPECT_EQ(b.var_elems * (packed ? q.batch : 1), dense_elems) << "packed: one batch row of variable B/C";
     }
-    // Block mode: by default the warp-scan forward's block-mode instances. Forced, with a block size they take in
-    // their aligned instance (a multiple of 16), the thread-states kernel with a tile that divides 16 (block ends on
-    // tile ends) and the warp-scan plan beside it for the unaligned instance; with any other block size the warp-scan
-    // kernel, forced or not.
+    // Block mode: with a block size the warp-scan forward's aligned instance takes (a multiple of 16), the
+    // thread-states kernel with a tile that divides 16 (block ends on tile ends) and the warp-scan plan beside it for
+    // the unaligned instance; with any other block size the warp-scan kernel, forced or not.
     q.table_cols = 128;
     for (const int64_t K : {16, 256, 8, 100}) {
       SCOPED_TRACE("block size " + std::to_string(K));
       q.block_size = K;
-      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
+      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::warp, &f), SELSCAN_STATUS_SUCCESS);
       EXPECT_EQ(f.kernel, cuda::Kernel::warp);
       f = cuda::FwdPlan{};
-      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::ts, &f), SELSCAN_STATUS_SUCCESS);
+      EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
       if (K % 16 == 0) {
         ASSERT_EQ(f.kernel, cuda::Kernel::ts);
         EXPECT_EQ(f.ts.shape.tt, 16) << "bf16: one 16-byte vector per thread, the longest tile dividing 16";
