@@ -311,14 +311,50 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       const float* sBk = sB + k * kS;
       const float* sCk = sC + k * kS;
       float* y_row = sY + tid * ROW;
-      if (var_B) {
-        if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-      } else {
-        if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-      }
+      const auto run = [&](int t_in, int n) {  // steps t_in .. t_in + n - 1 of the tile (t_in a multiple of 16)
+        const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
+        if (var_B) {
+          if (var_C)
+            steps<true, true, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs, cf,
+                                  want_x, dsum);
+          else
+            steps<true, false, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
+                                   cf, want_x, dsum);
+        } else {
+          if (var_C)
+            steps<false, true, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
+                                   cf, want_x, dsum);
+          else
+            steps<false, false, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
+                                    cf, want_x, dsum);
+        }
+      };
       const int64_t tend = t0 + TT;
+      if constexpr (kServing) {
+        // Block mode: the tile runs in pieces of 16 steps, and a block ending with a piece strictly inside the
+        // sequence leaves its states in the slot its table entry names (unless pad_slot_id). Block ends fall on piece
+        // ends: the context and the block size are multiples of 16 here (src/cuda/select.cpp). Pieces rather than
+        // 16-step tiles: those doubled the tile barriers, a third of the stalls (validation/optimisation-log.md).
+        const int piece = sq.block > 0 ? cuda::fwd_warp::kItemsReal : TT;
+        for (int t_in = 0; t_in < TT; t_in += piece) {
+          run(t_in, piece);
+          const int64_t pend = t0 + t_in + piece;
+          if (sq.block > 0 && pend < sq.len && (sq.ctx + pend) % sq.block == 0) {
+            const int64_t slot = table_entry(p, b, (sq.ctx + pend) / sq.block - 1);
+            if (slot != p.pad_slot_id) {
+              // Spelled out rather than state_row(), whose View copy cost this instance spills (ptxas).
+              float* row = static_cast<float*>(p.ssm_states.p) + slot * p.ssm_states.s[0] + d * p.ssm_states.s[1];
+#pragma unroll
+              for (int s = 0; s < kS; ++s) {
+                const int64_t n = static_cast<int64_t>(k) * kS + s;
+                if (n < N) row[n * p.ssm_states.s[2]] = h[s];
+              }
+            }
+          }
+        }
+      } else {
+        run(0, TT);
+      }
       if (want_x && (tend % kChunk == 0 || tend >= len())) {
         // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state; a packed sequence's
         // chunks from its own slot xc0 of row 0 on.
@@ -337,23 +373,6 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           }
         }
         dsum = 0.f;
-      }
-      if constexpr (kServing) {
-        // Block mode: a block ending with this tile strictly inside the sequence leaves its states in the slot its
-        // table entry names (unless pad_slot_id). Block ends fall on tile ends: the context and the block size are
-        // multiples of 16 here and the plan's tile length divides 16 (src/cuda/select.cpp).
-        if (sq.block > 0 && tend < sq.len && (sq.ctx + tend) % sq.block == 0) {
-          const int64_t slot = table_entry(p, b, (sq.ctx + tend) / sq.block - 1);
-          if (slot != p.pad_slot_id) {
-            // Spelled out rather than state_row(), whose View copy cost this instance spills (ptxas).
-            float* row = static_cast<float*>(p.ssm_states.p) + slot * p.ssm_states.s[0] + d * p.ssm_states.s[1];
-#pragma unroll
-            for (int s = 0; s < kS; ++s) {
-              const int64_t n = static_cast<int64_t>(k) * kS + s;
-              if (n < N) row[n * p.ssm_states.s[2]] = h[s];
-            }
-          }
-        }
       }
     }
     __syncthreads();  // sY complete; the tile's staged inputs are no longer read

@@ -102,8 +102,9 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   const int vec_elems = 16 / itype_bytes(p.itype);
   c.tt = 0;
   for (int tt : {32, 16, 8}) {
-    // Block mode: block ends (multiples of 16 steps from a context that is one) must fall on tile ends.
-    if (p.serving && p.block_size > 0 && tt > fwd_warp::kItemsReal) continue;
+    // Block mode: block ends (multiples of 16 steps from a context that is one) must fall on the ends of the
+    // 16-step pieces a tile runs in (kernels/fwd/ts.cuh).
+    if (p.serving && p.block_size > 0 && tt % fwd_warp::kItemsReal != 0) continue;
     if (tt < vec_elems) break;
     const int64_t vpr = tt / vec_elems;
     if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {

@@ -320,8 +320,8 @@ TEST(KernelChoice, ServingForwardTakesTheThreadStatesServingInstance) {
       EXPECT_EQ(b.var_elems * (packed ? q.batch : 1), dense_elems) << "packed: one batch row of variable B/C";
     }
     // Block mode: with a block size the warp-scan forward's aligned instance takes (a multiple of 16), the
-    // thread-states kernel with a tile that divides 16 (block ends on tile ends) and the warp-scan plan beside it for
-    // the unaligned instance; with any other block size the warp-scan kernel, forced or not.
+    // thread-states kernel with a tile of a multiple of 16 steps and the warp-scan plan beside it for the unaligned
+    // instance; with any other block size the warp-scan kernel, forced or not.
     q.table_cols = 128;
     for (const int64_t K : {16, 256, 8, 100}) {
       SCOPED_TRACE("block size " + std::to_string(K));
@@ -332,7 +332,7 @@ TEST(KernelChoice, ServingForwardTakesTheThreadStatesServingInstance) {
       EXPECT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
       if (K % 16 == 0) {
         ASSERT_EQ(f.kernel, cuda::Kernel::ts);
-        EXPECT_EQ(f.ts.shape.tt, 16) << "bf16: one 16-byte vector per thread, the longest tile dividing 16";
+        EXPECT_EQ(f.ts.shape.tt, 32) << "the dense call's tile: it runs in 16-step pieces, block ends on piece ends";
         EXPECT_EQ(f.ts.min_blocks, 5);
         EXPECT_EQ(f.warp.warps, 8) << "the unaligned instance's plan";
         EXPECT_EQ(f.warp.smem, cuda::fwd_warp::smem_bytes(false, q.var_B, q.var_C, 8, 16, K));
