@@ -33,12 +33,13 @@ Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::
                        w.blocks, w.warps * 32, w.smem, l, p, w.tiles_per_group);
 }
 
-// The thread-states forward with its launch-bounds variant (kServing: its instance for serving calls).
-template <typename T, int kMinBlocks, bool kServing = false>
+// The thread-states forward with its launch-bounds variant (kServing: its instances for serving calls, kBlocks: the
+// block-mode one).
+template <typename T, int kMinBlocks, bool kServing = false, int kBlocks = kNoBlocks>
 Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   static SmemLimit limit;
-  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing>, limit, t.blocks, t.shape.ch * t.shape.tpc, t.smem,
-                       l, p, t.shape);
+  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing, kBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc,
+                       t.smem, l, p, t.shape);
 }
 
 template <typename T, bool kComplex>
@@ -48,8 +49,9 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
     if (plan.kernel == cuda::Kernel::ts && p.serving) {  // the plan chose 5 blocks per SM for every serving call
-      if (const Status s = launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
-          s != SELSCAN_STATUS_SUCCESS || p.block_size == 0 || p.context_lens.p == nullptr)
+      if (p.block_size == 0) return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
+      if (const Status s = launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true, kBlocksAligned>(p, plan.ts, l);
+          s != SELSCAN_STATUS_SUCCESS || p.context_lens.p == nullptr)
         return s;
       // Block mode with contexts: the sequences whose context is not a multiple of 16 (the thread-states blocks
       // return at once from them) on the warp-scan kernel's unaligned instance, which returns from the others.

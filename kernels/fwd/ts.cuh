@@ -18,10 +18,12 @@
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
 //
-// kServing: the instance for serving calls (one, at MINB kMinBlocksMany: src/cuda/select.cpp), a template parameter so
-// that the dense instances keep their code. The first warp looks the block's sequence up (kernels/common/serving.cuh;
-// block mode checks its table entries across the warp) into shared memory and every thread reads its fields there
-// where they are used: values live across the time loop would cost registers.
+// kServing: the instances for serving calls (at MINB kMinBlocksMany: src/cuda/select.cpp), template parameters so
+// that the dense instances keep their code: one for packed sequences and pools, one for block mode (kBlocks =
+// kBlocksAligned: the sequences whose block ends fall on 16-step boundaries), whose block-end stores and 16-step
+// pieces would otherwise cost the former 7-9% (validation/optimisation-log.md). The first warp looks the block's
+// sequence up (kernels/common/serving.cuh; block mode checks its table entries across the warp) into shared memory
+// and every thread reads its fields there where they are used: values live across the time loop would cost registers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -107,8 +109,9 @@ constexpr int kSeqOther = -1;
 
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
 // loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
-template <typename T, int MINB, bool kServing>
+template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
+  static_assert(kBlocks == kNoBlocks || (kServing && kBlocks == kBlocksAligned), "block mode: serving, aligned");
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   // The 16-bit variant at MINB 4 (128 registers) is register-starved: the branch-free softplus (more live values while
   // 8 are converted) and the B/C group shift (an address term in the state loop) each measured slower there, while
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       sq = SeqFields{s.row, s.t0, s.len, s.xc0, static_cast<const float*>(s.init.p), static_cast<float*>(s.fin.p),
                      s.skip, s.ctx, s.block};
     };
-    if (p.block_size == 0) {
+    if constexpr (kBlocks == kNoBlocks) {
       if (tid == 0) keep(seq_of<false, false>(p, b));
     } else if (tid < 32) {  // block mode's lookup checks the sequence's table entries across a warp
       if (!blocks_aligned_ctx(p, b, cuda::fwd_warp::kItemsReal)) {
@@ -311,35 +314,26 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       const float* sBk = sB + k * kS;
       const float* sCk = sC + k * kS;
       float* y_row = sY + tid * ROW;
-      const auto run = [&](int t_in, int n) {  // steps t_in .. t_in + n - 1 of the tile (t_in a multiple of 16)
-        const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
-        if (var_B) {
-          if (var_C)
-            steps<true, true, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs, cf,
-                                  want_x, dsum);
-          else
-            steps<true, false, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
-                                   cf, want_x, dsum);
-        } else {
-          if (var_C)
-            steps<false, true, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
-                                   cf, want_x, dsum);
-          else
-            steps<false, false, VS>(n, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2, bs,
-                                    cf, want_x, dsum);
-        }
-      };
-      const int64_t tend = t0 + TT;
-      if constexpr (kServing) {
-        // Block mode: the tile runs in pieces of 16 steps, and a block ending with a piece strictly inside the
-        // sequence leaves its states in the slot its table entry names (unless pad_slot_id). Block ends fall on piece
-        // ends: the context and the block size are multiples of 16 here (src/cuda/select.cpp). Pieces rather than
-        // 16-step tiles: those doubled the tile barriers, a third of the stalls (validation/optimisation-log.md).
-        const int piece = sq.block > 0 ? cuda::fwd_warp::kItemsReal : TT;
-        for (int t_in = 0; t_in < TT; t_in += piece) {
-          run(t_in, piece);
-          const int64_t pend = t0 + t_in + piece;
-          if (sq.block > 0 && pend < sq.len && (sq.ctx + pend) % sq.block == 0) {
+      if constexpr (kBlocks == kBlocksAligned) {
+        // The tile runs in pieces of 16 steps, and a block ending with a piece strictly inside the sequence leaves
+        // its states in the slot its table entry names (unless pad_slot_id). Block ends fall on piece ends: the
+        // context and the block size are multiples of 16 here (src/cuda/select.cpp). Pieces rather than 16-step
+        // tiles: those doubled the tile barriers, a third of the stalls (validation/optimisation-log.md).
+        constexpr int kPiece = cuda::fwd_warp::kItemsReal;
+        for (int t_in = 0; t_in < TT; t_in += kPiece) {
+          const float* dl = dl_row + t_in;
+          const float* du = du_row + t_in;
+          const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
+          float* yr = y_row + t_in;
+          if (var_B) {
+            if (var_C) steps<true, true, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
+            else steps<true, false, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
+          } else {
+            if (var_C) steps<false, true, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
+            else steps<false, false, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
+          }
+          const int64_t pend = t0 + t_in + kPiece;
+          if (pend < sq.len && (sq.ctx + pend) % sq.block == 0) {
             const int64_t slot = table_entry(p, b, (sq.ctx + pend) / sq.block - 1);
             if (slot != p.pad_slot_id) {
               // Spelled out rather than state_row(), whose View copy cost this instance spills (ptxas).
@@ -352,9 +346,16 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
             }
           }
         }
-      } else {
-        run(0, TT);
+      } else {  // the tile in one piece
+        if (var_B) {
+          if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+          else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        } else {
+          if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+          else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        }
       }
+      const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= len())) {
         // x[b, d, chunk] = (P, H): P the product of the decays since t = 0, H the scanned state; a packed sequence's
         // chunks from its own slot xc0 of row 0 on.
