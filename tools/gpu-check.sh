@@ -12,8 +12,8 @@
 #      (bench/build_upstream.py), and pyhost / hf time it beside selscan.
 #      SANITIZERS, SANITIZE_FILTER (default '-GpuLimits*'), SANITIZE_TIMEOUT (seconds per tool and pass).
 #      SANITIZE_SET=serving: step `sanitize` runs the four tools over the serving, block-state, destination-slot and
-#      decode tests alone, default kernel choice only (serving calls take the thread-states forward only when
-#      SELSCAN_FWD_KERNEL=ts), in about seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
+#      decode tests alone, default kernel choice only (the small test shapes take the warp-scan serving variant; step
+#      serving-ts runs the thread-states serving instances forced), in about seven minutes on an H200. memcheck (150 s) and initcheck (100 s): GpuVarlen*, GpuBlockStates* and every decode
 #      test (*GpuStateUpdate*: the 232-entry Matrix/ too, on the default plan), without LongSequencesConditionReport
 #      (float64 work on the host) and the tests forcing every decode kernel over the matrix or over Mamba-2's pool
 #      shape (past the cap under memcheck; SmallGridsEveryKernel forces every kernel on small shapes): 253 tests,
@@ -44,14 +44,15 @@
 #   COLLECTIVES_ARGS (default none: 4096 iterations, 11 repeats), collectives.txt and collectives.json (exit 1 when a
 #   variant fails its float64 check); with ncu first a profile of one launch per variant (collectives-ncu.csv), whose
 #   instruction counts the table then shows; and the static SASS counts of every variant's loop (collectives-sass.txt).
-# Step `serving-ts`, not part of all either: the thread-states forward's serving instance, which serving calls take
-#   only with SELSCAN_FWD_KERNEL=ts until it is measured (src/cuda/select.cpp, kFwdTsServingByDefault): GpuVarlen*
-#   and GpuBlockStates* with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps each, default
-#   150 s), then gpu_varlen/fwd with the default choice and forced, alternated twice, medians side by side in
-#   serving-ts.md.
-# Step `blocks-profile`, not part of all either: ncu on one launch of the forward for gpu_varlen's pool and blocks256
-#   rows (skewed32): launch, speed-of-light, instruction and warp-state sections in blocks-profile-<row>.txt, for the
-#   block-state overhead (docs/serving.md).
+# Step `serving-ts`, not part of all either: the thread-states forward's serving instances (packed/pool and block
+#   mode), which serving calls of real size take by default and the small test shapes only with SELSCAN_FWD_KERNEL=ts:
+#   GpuVarlen* and GpuBlockStates* with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps
+#   each, default 150 s), then gpu_varlen/fwd with the default choice and with SELSCAN_FWD_KERNEL=warp (the warp-scan
+#   serving variant), alternated twice, medians side by side in serving-ts.md.
+# Step `blocks-profile`, not part of all either: ncu on the first forward launch of gpu_varlen's pool and blocks256
+#   rows (skewed32; the thread-states kernel by default, the warp-scan one with SELSCAN_FWD_KERNEL=warp): launch,
+#   speed-of-light, instruction, occupancy and warp-state sections in blocks-profile-<row>.txt, for the block-state
+#   overhead (docs/serving.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -357,8 +358,8 @@ if named serving-ts; then
       note "serving-ts: $tool forced rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/serving-ts-$tool.log" | tail -1)"
     done
     for round in 1 2; do
-      for kernel in default ts; do
-        force=(); [ $kernel = ts ] && force=(SELSCAN_FWD_KERNEL=ts)
+      for kernel in default warp; do
+        force=(); [ $kernel = warp ] && force=(SELSCAN_FWD_KERNEL=warp)
         env "${force[@]}" "$bench" --benchmark_filter='gpu_varlen/fwd' \
           --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out_format=json \
           --benchmark_out="$OUT/serving-ts-$kernel-$round.json" >/dev/null 2>&1
@@ -374,11 +375,11 @@ for path in sys.argv[1:]:
     for key, v in report.load(path, kernel)["results"].items():
         row = "/".join(k for k in key[:4] if k)
         best[row, kernel] = min(best.get((row, kernel), float("inf")), v["ms"])
-print("| row (ms, median of 3, better of 2 rounds) | default | SELSCAN_FWD_KERNEL=ts |\n|---|---:|---:|")
+print("| row (ms, median of 3, better of 2 rounds) | default | SELSCAN_FWD_KERNEL=warp |\n|---|---:|---:|")
 for row in sorted({r for r, _ in best}):
-    print("| %s | %.3f | %.3f |" % (row, best.get((row, "default"), float("nan")), best.get((row, "ts"), float("nan"))))
+    print("| %s | %.3f | %.3f |" % (row, best.get((row, "default"), float("nan")), best.get((row, "warp"), float("nan"))))
 PY
-    note "serving-ts: gpu_varlen/fwd default vs forced rc=$? (serving-ts.md)"
+    note "serving-ts: gpu_varlen/fwd default vs warp-scan rc=$? (serving-ts.md)"
   fi
 fi
 
@@ -389,8 +390,8 @@ if named blocks-profile; then
     note "blocks-profile: no selscan_bench binary or no ncu"
   else
     for row in pool blocks256; do
-      "$ncu_bin" --kernel-name regex:fwd_warp_kernel --launch-count 1 --section LaunchStats --section SpeedOfLight \
-        --section InstructionStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      "$ncu_bin" --kernel-name 'regex:fwd_(ts|warp)_kernel' --launch-count 1 --section LaunchStats --section SpeedOfLight \
+        --section InstructionStats --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
         "$bench" --benchmark_filter="gpu_varlen/fwd_infer/$row/skewed32" --benchmark_min_time=0.001s \
         >"$OUT/blocks-profile-$row.txt" 2>&1
       note "blocks-profile: $row rc=$? (blocks-profile-$row.txt)"
