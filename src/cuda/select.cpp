@@ -222,37 +222,33 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   FwdPlan plan;
   int64_t blocks = 0;
   int per_block = 0;
-  size_t smem = 0;
-  // Serving calls follow the dense rules, in the thread-states kernel's one serving instance (5 blocks per SM: a
-  // serving grid is many sequences' blocks; one instance keeps the library small), 1.4-2.3x the warp-scan kernel's
+  // Serving calls follow the dense rules, in the thread-states kernel's serving instances (5 blocks per SM: a serving
+  // grid is many sequences' blocks; one launch bound keeps the library small), 1.4-2.3x the warp-scan kernel's
   // serving variant on the H200 (validation/gpu-runs.md, run 78). Block mode only with a block size the warp-scan
-  // kernel's aligned instance takes (a multiple of its 16 steps per lane): the
-  // thread-states kernel serves the sequences that instance would (context a multiple of 16) and the warp-scan
-  // unaligned instance the others, launched after it (its plan below). For a packed call batch counts the sequences
-  // and seqlen their total length: the grid is sequences x groups x channel tiles, and the plan's other numbers do
-  // not depend on the length.
+  // kernel's aligned instance takes (a multiple of its 16 steps per lane): the thread-states kernel serves the
+  // sequences that instance would (context a multiple of 16) and the warp-scan unaligned instance the others,
+  // launched after it (its plan below). For a packed call batch counts the sequences and seqlen their total length:
+  // the grid is sequences x groups x channel tiles, and the plan's other numbers do not depend on the length.
   const bool ts_blocks_ok = p.block_size == 0 || p.block_size % fwd_warp::kItemsReal == 0;
   if (force != Force::warp && ts_blocks_ok && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;
-    smem = plan.ts.smem;
-    if (p.serving && p.block_size > 0) {
-      plan.warp = fwd_warp_plan(p);
-      if (static_cast<int64_t>(plan.warp.smem) > dev.smem_optin)
-        return smem_over_limit("forward (warp-scan kernel)", plan.warp.smem, dev);
-    }
+    if (p.serving && p.block_size > 0) plan.warp = fwd_warp_plan(p);
   } else {
     plan.kernel = Kernel::warp;
     plan.warp = fwd_warp_plan(p);
     blocks = plan.warp.blocks;
     per_block = plan.warp.warps;
-    smem = plan.warp.smem;
   }
   if (blocks > kMaxGridBlocks) return too_many_blocks("forward", per_block);
-  if (static_cast<int64_t>(smem) > dev.smem_optin)
-    return smem_over_limit(plan.kernel == Kernel::ts ? "forward (thread-states kernel)" : "forward (warp-scan kernel)",
-                           smem, dev);
+  // Every kernel the call launches must fit the device's shared memory: the chosen one, and beside the thread-states
+  // kernel in block mode the warp-scan unaligned instance.
+  const bool launches_warp = plan.kernel == Kernel::warp || (p.serving && p.block_size > 0);
+  if (plan.kernel == Kernel::ts && static_cast<int64_t>(plan.ts.smem) > dev.smem_optin)
+    return smem_over_limit("forward (thread-states kernel)", plan.ts.smem, dev);
+  if (launches_warp && static_cast<int64_t>(plan.warp.smem) > dev.smem_optin)
+    return smem_over_limit("forward (warp-scan kernel)", plan.warp.smem, dev);
   *out = plan;
   return SELSCAN_STATUS_SUCCESS;
 }

@@ -282,6 +282,31 @@ TEST(KernelChoice, BackwardRefusesMoreSharedMemoryThanTheDeviceAllows) {
   EXPECT_NE(msg.find("needs 47104 bytes of shared memory per block, device 3 allows 32768"), std::string::npos) << msg;
 }
 
+// Block mode on the thread-states kernel launches the warp-scan unaligned instance beside it: a device whose shared
+// memory holds the former's block but not the latter's cannot run the call, and the message names the latter.
+TEST(KernelChoice, BlockModeChecksTheSharedMemoryOfBothKernels) {
+  Problem q = problem({8, 1536, 2048, 16, Dtype::bf16, true});
+  q.serving = true;
+  q.varlen = true;
+  q.fold_B = false;
+  q.block_size = 16;
+  q.table_cols = 128;
+  cuda::FwdPlan f;
+  ASSERT_EQ(cuda::plan_fwd(q, kH200, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
+  ASSERT_EQ(f.kernel, cuda::Kernel::ts);
+  ASSERT_GT(f.warp.smem, f.ts.smem) << "the case needs the warp-scan plan to be the larger one";
+  const cuda::DeviceProps small{4, 90, 132, static_cast<int64_t>(f.ts.smem)};
+  EXPECT_EQ(cuda::plan_fwd(q, small, cuda::Force::none, &f), SELSCAN_STATUS_UNSUPPORTED);
+  const std::string msg = selscan::last_error_message();
+  EXPECT_NE(msg.find("forward (warp-scan kernel)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs " + std::to_string(cuda::fwd_warp::smem_bytes(false, true, true, 8, 16, 16)) + " bytes"),
+            std::string::npos)
+      << msg;
+  q.block_size = 0;  // the same call without blocks launches the thread-states kernel alone: it fits
+  EXPECT_EQ(cuda::plan_fwd(q, small, cuda::Force::none, &f), SELSCAN_STATUS_SUCCESS);
+  EXPECT_EQ(f.kernel, cuda::Kernel::ts);
+}
+
 // Serving calls (docs/serving.md): the forward of one follows the dense rules, with the dense call's plan (8
 // sequences packed over 2048 steps: the grid counts sequences, the tile length does not depend on the length) but the
 // thread-states kernel's 5-blocks-per-SM instance, the one with a serving variant; forced to the warp-scan kernel it
