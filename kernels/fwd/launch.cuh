@@ -48,31 +48,26 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     // Serving calls have real weights (validate.cpp).
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
-    if (plan.kernel == cuda::Kernel::ts && p.serving) {  // the plan chose 5 blocks per SM for every serving call
-      if (p.block_size == 0) return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
-      if (const Status s = launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true, kBlocksAligned>(p, plan.ts, l);
-          s != SELSCAN_STATUS_SUCCESS || p.context_lens.p == nullptr)
-        return s;
-      // Block mode with contexts: the sequences whose context is not a multiple of 16 (the thread-states blocks
-      // return at once from them) on the warp-scan kernel's unaligned instance, which returns from the others.
-      return launch_warp<T, false, cuda::fwd_warp::kItemsReal, true, kBlocksUnaligned>(p, plan.warp, l);
+    constexpr int K = cuda::fwd_warp::kItemsReal;
+    const bool ts = plan.kernel == cuda::Kernel::ts;  // serving calls on it: 5 blocks per SM (the plan's choice)
+    if (p.serving && p.block_size > 0) {
+      // Block mode: an aligned instance (the thread-states or the warp-scan kernel's, as the plan chose) serves the
+      // sequences whose block ends fall on the last of every K steps, the warp-scan unaligned one the rest (with a
+      // block size K does not divide, every sequence, and the plan chose the warp-scan kernel; without
+      // context_lens, where every sequence starts at 0, none: its launch would be a grid of blocks that return at
+      // once).
+      if (p.block_size % K != 0)
+        return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
+      const Status s = ts ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true, kBlocksAligned>(p, plan.ts, l)
+                          : launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l);
+      if (s != SELSCAN_STATUS_SUCCESS || p.context_lens.p == nullptr) return s;
+      return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
     }
-    if (plan.kernel == cuda::Kernel::ts)
+    if (ts && p.serving) return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
+    if (ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
                  : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
-    constexpr int K = cuda::fwd_warp::kItemsReal;
-    if (p.serving && p.block_size > 0) {
-      // Block mode: the aligned instance serves the sequences whose block ends fall on lanes' last steps, the
-      // unaligned one the rest (with a block size K does not divide, every sequence; without context_lens, where
-      // every sequence starts at 0, none: its launch would be a grid of blocks that return at once).
-      if (p.block_size % K != 0)
-        return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
-      if (const Status s = launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l); s != SELSCAN_STATUS_SUCCESS)
-        return s;
-      if (p.context_lens.p == nullptr) return SELSCAN_STATUS_SUCCESS;
-      return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
-    }
     if (p.serving) return launch_warp<T, false, K, true>(p, plan.warp, l);
     return launch_warp<T, false, K, false>(p, plan.warp, l);
   }

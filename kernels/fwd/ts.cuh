@@ -94,6 +94,21 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
   }
 }
 
+// steps() with its variable-B/C form chosen at run time (uniform across the block).
+template <int VS>
+__device__ __forceinline__ void steps_any(bool var_B, bool var_C, int tt, const float* dl_row, const float* du_row,
+                                          const float* sBk, const float* sCk, int np, float* y_row, float (&h)[kS],
+                                          const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
+                                          bool want_sum, float& dsum) {
+  if (var_B) {
+    if (var_C) steps<true, true, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    else steps<true, false, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+  } else {
+    if (var_C) steps<false, true, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    else steps<false, false, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+  }
+}
+
 // The fields of a serving call's sequence (Seq) the kernel reads, in static shared memory. init and fin: its start and
 // end states, at element d * s[1] + n * s[2] with the strides of ssm_states for a pool, else of h0 and last_state.
 struct SeqFields {
@@ -321,17 +336,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         // tiles: those doubled the tile barriers, a third of the stalls (validation/optimisation-log.md).
         constexpr int kPiece = cuda::fwd_warp::kItemsReal;
         for (int t_in = 0; t_in < TT; t_in += kPiece) {
-          const float* dl = dl_row + t_in;
-          const float* du = du_row + t_in;
           const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
-          float* yr = y_row + t_in;
-          if (var_B) {
-            if (var_C) steps<true, true, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
-            else steps<true, false, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
-          } else {
-            if (var_C) steps<false, true, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
-            else steps<false, false, VS>(kPiece, dl, du, sBk + bo, sCk + bo, NP, yr, h, a2, bs, cf, want_x, dsum);
-          }
+          steps_any<VS>(var_B, var_C, kPiece, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2,
+                        bs, cf, want_x, dsum);
           const int64_t pend = t0 + t_in + kPiece;
           if (pend < sq.len && (sq.ctx + pend) % sq.block == 0) {
             const int64_t slot = table_entry(p, b, (sq.ctx + pend) / sq.block - 1);
@@ -347,13 +354,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           }
         }
       } else {  // the tile in one piece
-        if (var_B) {
-          if (var_C) steps<true, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-          else steps<true, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        } else {
-          if (var_C) steps<false, true, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-          else steps<false, false, VS>(TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
-        }
+        steps_any<VS>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= len())) {
