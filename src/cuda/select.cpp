@@ -229,12 +229,13 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   // sequences that instance would (context a multiple of 16) and the warp-scan unaligned instance the others,
   // launched after it (its plan below). For a packed call batch counts the sequences and seqlen their total length:
   // the grid is sequences x groups x channel tiles, and the plan's other numbers do not depend on the length.
-  const bool ts_blocks_ok = p.block_size == 0 || p.block_size % fwd_warp::kItemsReal == 0;
+  const bool block_mode = p.serving && p.block_size > 0;
+  const bool ts_blocks_ok = !block_mode || p.block_size % fwd_warp::kItemsReal == 0;
   if (force != Force::warp && ts_blocks_ok && fwd_ts_plan(p, dev, force == Force::ts, &plan.ts)) {
     plan.kernel = Kernel::ts;
     blocks = plan.ts.blocks;
     per_block = plan.ts.shape.ch;
-    if (p.serving && p.block_size > 0) plan.warp = fwd_warp_plan(p);
+    if (block_mode) plan.warp = fwd_warp_plan(p);
   } else {
     plan.kernel = Kernel::warp;
     plan.warp = fwd_warp_plan(p);
@@ -244,7 +245,7 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   if (blocks > kMaxGridBlocks) return too_many_blocks("forward", per_block);
   // Every kernel the call launches must fit the device's shared memory: the chosen one, and beside the thread-states
   // kernel in block mode the warp-scan unaligned instance.
-  const bool launches_warp = plan.kernel == Kernel::warp || (p.serving && p.block_size > 0);
+  const bool launches_warp = plan.kernel == Kernel::warp || block_mode;
   if (plan.kernel == Kernel::ts && static_cast<int64_t>(plan.ts.smem) > dev.smem_optin)
     return smem_over_limit("forward (thread-states kernel)", plan.ts.smem, dev);
   if (launches_warp && static_cast<int64_t>(plan.warp.smem) > dev.smem_optin)
