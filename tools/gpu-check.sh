@@ -180,9 +180,10 @@ fi
 if want python; then
   lib=$(find "$BUILD" -maxdepth 2 -name 'libselscan.so' | head -1)
   # pytest-xdist, where importable, spreads the suite over 4 workers (about half the time on an H200)
-  xdist=(); PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} python3 -c 'import xdist' 2>/dev/null && xdist=(-n 4)
-  SELSCAN_LIBRARY=$PWD/$lib SELSCAN_GOLDEN_DIR=$GOLDEN PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} \
-    python3 -m pytest -q "${xdist[@]}" python/tests >"$OUT/pytest.log" 2>&1
+  pypath=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  xdist=(); PYTHONPATH=$pypath python3 -c 'import xdist' 2>/dev/null && xdist=(-n 4)
+  SELSCAN_LIBRARY=$PWD/$lib SELSCAN_GOLDEN_DIR=$GOLDEN PYTHONPATH=$pypath python3 -m pytest -q "${xdist[@]}" python/tests \
+    >"$OUT/pytest.log" 2>&1
   note "pytest: $(tail -1 "$OUT/pytest.log")"
 fi
 
