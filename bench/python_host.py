@@ -12,8 +12,9 @@ For each shape (bf16 inputs, fp32 weights, variable B/C, D, z, delta_bias, softp
   loop       back-to-back forward calls and forward+grad calls: GPU time per call (events around the loop);
              compare with the C benchmark (selscan_bench) rows of the same shapes
 Where the op library selscan_torch_ops loads (built with -DSELSCAN_TORCH_OPS=ON, beside libselscan), the row
-`selscan` is the forward through its op selscan::scan_fwd and the row `selscan-ctypes` the same calls through the
-ctypes route (the op set aside for the call); SELSCAN_TORCH_STABLE=0 leaves only the ctypes route (row `selscan`).
+`selscan` is the forward through its ops selscan::scan_fwd (no gradient) and selscan::scan_fwd_for_grad (with one)
+and the row `selscan-ctypes` the same calls through the ctypes route (the ops set aside for the call);
+SELSCAN_TORCH_STABLE=0 leaves only the ctypes route (row `selscan`).
 Upstream's selective_scan_cuda, when importable, is timed through the same autograd path (a thin
 autograd.Function calling its fwd/bwd as mamba_ssm's SelectiveScanFn does). The numpy (CPU path) and CuPy rows
 time a forward on a small shape: numpy reports the call minus the bare library call on the same arrays.
@@ -48,11 +49,11 @@ def ours(u, delta, A, B, C, D, z, bias, softplus):
 def ours_ctypes(u, delta, A, B, C, D, z, bias, softplus):
     """The forward through the ctypes route: selscan.torch without its op (the backward takes the same route
     either way)."""
-    op, st._scan_op = st._scan_op, None
+    ops, st._scan_op, st._scan_grad_op = (st._scan_op, st._scan_grad_op), None, None
     try:
         return selective_scan_fn(u, delta, A, B, C, D, z, bias, softplus)
     finally:
-        st._scan_op = op
+        st._scan_op, st._scan_grad_op = ops
 
 
 def make(shape, dtype, grad=True, seed=0):
@@ -214,7 +215,7 @@ def main():
         impls["upstream"] = up
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; {selscan.build_info()}; "
           f"upstream {'timed' if up else 'not importable'}; scan forward through "
-          f"{'selscan::scan_fwd (row selscan; selscan-ctypes: the ctypes route)' if st._scan_op else 'ctypes'}")
+          f"{'selscan::scan_fwd[_for_grad] (row selscan; selscan-ctypes: the ctypes route)' if st._scan_op else 'ctypes'}")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "library": selscan.build_info(),
                "host": [], "loop": [], "xp": {}}
     if args.rows in ("host", "all"):

@@ -247,6 +247,9 @@ class _FwdPlan:
 # are then allocated, and selscan_fwd called, in one torch op call instead of the plan's Python allocations and
 # ctypes call. None: the ctypes route (bench/python_host.py sets it to None to time that route).
 _scan_op = None
+# torch.ops.selscan.scan_fwd_for_grad.default, from the same library: a training forward that also returns the
+# inputs as the library read them, so the autograd forward needs no call-plan lookup (the backward makes its plan).
+_scan_grad_op = None
 
 
 def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
@@ -450,13 +453,25 @@ class _ScanFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
-        fp = _fwd_plan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK,
-                       return_last_state)
-        if fp is None:
-            ins = _ready(u, delta, A, B, C, D, z, delta_bias)
-            out, out_z, x, last = _fwd_impl(*ins, delta_softplus)
+        fp, r, op = None, None, _scan_grad_op
+        if op is not None and _plan.ENABLED:
+            try:
+                r = op(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK, return_last_state)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass  # what the op refuses, the paths below convert or raise in the caller's terms
+        if r is not None:
+            out, out_z, x, last, cu, cdelta, cA, cB, cC, cD, cz, cbias = r
+            ins = (u if cu is None else cu, delta if cdelta is None else cdelta, A if cA is None else cA,
+                   B if cB is None else cB, C if cC is None else cC, D if cD is None else cD, z if cz is None else cz,
+                   delta_bias if cbias is None else cbias)
         else:
-            ins, (out, out_z, x, last) = _run_fwd(fp, u, delta, A, B, C, D, z, delta_bias)
+            fp = _fwd_plan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, u.shape[-1] > _lib.CHUNK,
+                           return_last_state)
+            if fp is None:
+                ins = _ready(u, delta, A, B, C, D, z, delta_bias)
+                out, out_z, x, last = _fwd_impl(*ins, delta_softplus)
+            else:
+                ins, (out, out_z, x, last) = _run_fwd(fp, u, delta, A, B, C, D, z, delta_bias)
         ctx.save_for_backward(*ins, x, out if z is not None else None)
         ctx.fp, ctx.delta_softplus = fp, delta_softplus
         # D and delta_bias are float32 in the library; models kept in bf16 hand them in bf16 (cast back below).
@@ -687,6 +702,10 @@ if _decode_torch.stable_ops_active:
         _scan_op = torch.ops.selscan.scan_fwd.default
     except (AttributeError, RuntimeError):
         _scan_op = None
+    try:
+        _scan_grad_op = torch.ops.selscan.scan_fwd_for_grad.default
+    except (AttributeError, RuntimeError):
+        _scan_grad_op = None
 
 __all__ += ["selective_state_update", "selective_state_update_op"]
 

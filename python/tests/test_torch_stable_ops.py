@@ -396,39 +396,83 @@ def test_scan_errors_name_the_argument():
         scan_op(*args(z=None), True, False, False, torch.empty(u.shape))
 
 
+scan_grad_op = st._scan_grad_op
+
+
 def counting(monkeypatch):
+    """Records (op, want_x, want_last) of each call of either scan op."""
     calls = []
 
     def op(*a):
-        calls.append(a[9:11])  # want_x, want_last
+        calls.append(("scan_fwd",) + a[9:11])
         return scan_op(*a)
 
+    def grad_op(*a):
+        calls.append(("scan_fwd_for_grad",) + a[9:11])
+        return scan_grad_op(*a)
+
     monkeypatch.setattr(st, "_scan_op", op)
+    monkeypatch.setattr(st, "_scan_grad_op", grad_op)
     return calls
+
+
+def ctypes_route(monkeypatch):
+    monkeypatch.setattr(st, "_scan_op", None)
+    monkeypatch.setattr(st, "_scan_grad_op", None)
 
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_selective_scan_fn_routes_through_the_op(grad, monkeypatch):
-    """selective_scan_fn's forward goes through the op, with a gradient (the autograd Function, its plan path;
-    chunk states only past one chunk) and without (no signature lookup): outputs, last_state and every gradient
-    bit-identical to the ctypes route."""
-    for L in (33, 2100):
+    """selective_scan_fn's forward goes through an op, with a gradient (the autograd Function, scan_fwd_for_grad;
+    chunk states only past one chunk) and without (scan_fwd, no signature lookup): outputs, last_state and every
+    gradient bit-identical to the ctypes route. Inputs the library reads as given and inputs it converts (bf16 D
+    and delta_bias, a transposed u and z as MambaMixer hands them)."""
+    for L, convert in ((33, False), (2100, False), (40, True)):
         base = make_scan("cpu", torch.bfloat16, G=2, Dm=4, L=L, Bt=1)
+        if convert:
+            u, delta, A, B, C, D, z, bias = base
+            base = [u.transpose(1, 2).contiguous().transpose(1, 2), delta, A, B, C, D.bfloat16(),
+                    z.transpose(1, 2).contiguous().transpose(1, 2), bias.bfloat16()]
         for _ in range(2):  # the first call of a signature makes its plan, the second runs it
             outs = {}
             for route in ("op", "ctypes"):
-                ts = [None if t is None else t.detach().clone().requires_grad_(grad) for t in base]
+                ts = [None if t is None else t.detach().clone(memory_format=torch.preserve_format)
+                      .requires_grad_(grad) for t in base]
                 if route == "op":
                     calls = counting(monkeypatch)
                 else:
-                    monkeypatch.setattr(st, "_scan_op", None)
+                    ctypes_route(monkeypatch)
                 y, last = st.selective_scan_fn(*ts, delta_softplus=True, return_last_state=True)
                 grads = torch.autograd.grad(y.float().square().sum(), ts) if grad else ()
                 outs[route] = [y, last, *grads]
                 monkeypatch.setattr(st, "_scan_op", scan_op)
-            assert calls == [(grad and L > 2048, True)], calls
+                monkeypatch.setattr(st, "_scan_grad_op", scan_grad_op)
+            op = "scan_fwd_for_grad" if grad else "scan_fwd"
+            assert calls == [(op, grad and L > 2048, True)], calls
             for i, (a, b) in enumerate(zip(outs["op"], outs["ctypes"])):
-                assert a.dtype == b.dtype and torch.equal(a, b), (L, i)
+                assert a.dtype == b.dtype and torch.equal(a, b), (L, convert, i)
+
+
+def test_scan_fwd_for_grad_returns_the_inputs_it_read():
+    """scan_fwd_for_grad: scan_fwd's outputs (bit-identical), then each input as the library read it: None where
+    the argument was read as given, else a new row-major tensor in the library's dtype holding the converted
+    values, as the binding converts them."""
+    u, delta, A, B, C, D, z, bias = make_scan("cpu", torch.bfloat16, G=2, Dm=4, L=40, Bt=2)
+    ready = (u, delta, A, B, C, D, z, bias)
+    r = scan_grad_op(*ready, True, False, True)
+    same(r[:4], scan_op(*ready, True, False, True, None), "ready inputs")
+    assert r[4:] == (None,) * 8, [i for i, t in enumerate(r[4:]) if t is not None]
+    strided = (u.transpose(1, 2).contiguous().transpose(1, 2), delta.float(), A.double(),
+               B.transpose(2, 3).contiguous().transpose(2, 3), C, D.bfloat16(), z, bias.half())
+    r = scan_grad_op(*strided, True, False, True)
+    same(r[:4], scan_op(*strided, True, False, True, None), "converted inputs")
+    want = (u, delta.float().bfloat16(), A.double().float(), B, None, D.bfloat16().float(), None, bias.half().float())
+    for name, got, w in zip(("u", "delta", "A", "B", "C", "D", "z", "delta_bias"), r[4:], want):
+        assert (got is None) == (w is None), name
+        if w is not None:
+            assert got.dtype == w.dtype and got.is_contiguous() and torch.equal(got, w), name
+    with pytest.raises(RuntimeError, match="selscan::scan_fwd_for_grad: D: dtype int32 cannot be used"):
+        scan_grad_op(u, delta, A, B, C, D.int(), z, bias, True, False, False)
 
 
 def test_selective_scan_fn_falls_back_where_the_op_refuses(monkeypatch):
@@ -439,7 +483,7 @@ def test_selective_scan_fn_falls_back_where_the_op_refuses(monkeypatch):
     calls = counting(monkeypatch)
     got = st.selective_scan_fn(u, delta, A, Bc, Cc, D, z, bias, True)
     assert len(calls) == 1  # tried, refused
-    monkeypatch.setattr(st, "_scan_op", None)
+    ctypes_route(monkeypatch)
     want = st.selective_scan_fn(u, delta, A, Bc, Cc, D, z, bias, True)
     assert torch.equal(got, want)
 
@@ -451,7 +495,7 @@ def interleaved_to_complex_t(t):
 def test_scan_route_unless_opted_out():
     """selscan.torch takes the op where the library loads, also with SELSCAN_TORCH_STABLE=1; =0 at import keeps
     the ctypes route."""
-    code = "import selscan.torch as st\nprint(st._scan_op is not None)\n"
+    code = "import selscan.torch as st\nprint(st._scan_op is not None, st._scan_grad_op is not None)\n"
     env = dict(os.environ)
     for choice, expected in ((None, "True"), ("1", "True"), ("0", "False")):
         env.pop("SELSCAN_TORCH_STABLE", None)
@@ -459,7 +503,7 @@ def test_scan_route_unless_opted_out():
             env["SELSCAN_TORCH_STABLE"] = choice
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.split() == [expected], (choice, r.stdout)
+        assert r.stdout.split() == [expected, expected], (choice, r.stdout)
 
 
 @needs_cuda

@@ -4,6 +4,7 @@
 //   selscan::state_update   the decode step (selscan_state_update; bench/bench_decode_host.py, row `stable`)
 //   selscan::scan_fwd       the scan's forward (selscan_fwd) with its outputs and workspace allocated here
 //                           (bench/python_host.py)
+//   selscan::scan_fwd_for_grad  the same for a training forward, also returning the inputs as converted
 //
 // The library links neither libtorch nor libpython: every torch symbol resolves from the torch already loaded in
 // the process when torch.ops.load_library opens it, and the registrations run from static initialisers, so the
@@ -411,12 +412,15 @@ size_t fwd_workspace_bytes(const selscan_fwd_args_t& args, const selscan_exec_t&
 }
 
 using ScanOutputs = std::tuple<Tensor, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>>;
+// The eight inputs (u, delta, A, B, C, D, z, delta_bias) as the call converted them, nullopt where it read the
+// caller's tensor as it is.
+using ScanCopies = std::array<std::optional<Tensor>, 8>;
 
 template <bool kCuda>
 ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                              const std::optional<Tensor>& D, const std::optional<Tensor>& z,
                              const std::optional<Tensor>& delta_bias, bool delta_softplus, bool want_x,
-                             bool want_last, const std::optional<Tensor>& out_z) {
+                             bool want_last, const std::optional<Tensor>& out_z, ScanCopies& keep) {
   selscan_fwd_args_t args;
   std::memset(&args, 0, sizeof args);  // padding too: the workspace memo compares the struct bytewise
   args.struct_size = sizeof args;
@@ -436,7 +440,6 @@ ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor&
   }
   const int32_t wt = is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32;
 
-  std::array<std::optional<Tensor>, 8> keep;  // converted copies, alive until the call returns
   scan_input(args.u, u, "u", dev, it, true, keep[0]);
   scan_input(args.delta, delta, "delta", dev, it, true, keep[1]);
   scan_input(args.A, A, "A", dev, wt, false, keep[2]);
@@ -504,9 +507,34 @@ ScanOutputs scan_fwd(const Tensor& u, const Tensor& delta, const Tensor& A, cons
                      const std::optional<Tensor>& delta_bias, bool delta_softplus, bool want_x, bool want_last,
                      const std::optional<Tensor>& out_z) {
   try {
-    return scan_fwd_checked<kCuda>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, want_x, want_last, out_z);
+    ScanCopies copies;  // alive until the call is enqueued; torch's allocator keeps their memory for the stream
+    return scan_fwd_checked<kCuda>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, want_x, want_last, out_z,
+                                   copies);
   } catch (const ArgError& e) {
     rethrow_named("selscan::scan_fwd", e);
+  }
+}
+
+// A training forward: scan_fwd's outputs, then the inputs as the library read them (the converted copies, None
+// where the caller's tensor was read as it is), which the backward needs and the caller saves for it. One op call
+// instead of a Python plan lookup that would find the same conversions.
+using ScanTrainOutputs =
+    std::tuple<Tensor, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+               std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+               std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>>;
+
+template <bool kCuda>
+ScanTrainOutputs scan_fwd_for_grad(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
+                                   const Tensor& C, const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                                   const std::optional<Tensor>& delta_bias, bool delta_softplus, bool want_x,
+                                   bool want_last) {
+  try {
+    ScanCopies c;
+    auto [out, oz, x, last] = scan_fwd_checked<kCuda>(u, delta, A, B, C, D, z, delta_bias, delta_softplus, want_x,
+                                                      want_last, std::nullopt, c);
+    return {out, oz, x, last, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]};
+  } catch (const ArgError& e) {
+    rethrow_named("selscan::scan_fwd_for_grad", e);
   }
 }
 
@@ -522,14 +550,21 @@ STABLE_TORCH_LIBRARY_FRAGMENT(selscan, m) {
   m.def("scan_fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
         "Tensor? delta_bias=None, bool delta_softplus=False, bool want_x=False, bool want_last=False, "
         "Tensor(a!)? out_z=None) -> (Tensor, Tensor?, Tensor?, Tensor?)");
+  // scan_fwd's four outputs, then u, delta, A, B, C, D, z, delta_bias as the library read them: a new tensor
+  // where the call converted one (dtype or a strided last dimension), None where it read the argument as given.
+  m.def("scan_fwd_for_grad(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
+        "Tensor? delta_bias=None, bool delta_softplus=False, bool want_x=False, bool want_last=False) -> (Tensor, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CPU, m) {
   m.impl("state_update", TORCH_BOX(&state_update<false>));
   m.impl("scan_fwd", TORCH_BOX(&scan_fwd<false>));
+  m.impl("scan_fwd_for_grad", TORCH_BOX(&scan_fwd_for_grad<false>));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CUDA, m) {
   m.impl("state_update", TORCH_BOX(&state_update<true>));
   m.impl("scan_fwd", TORCH_BOX(&scan_fwd<true>));
+  m.impl("scan_fwd_for_grad", TORCH_BOX(&scan_fwd_for_grad<true>));
 }
