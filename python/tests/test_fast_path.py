@@ -89,6 +89,18 @@ from conftest import torch_cuda_skip_reason  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(torch_cuda_skip_reason() is not None, reason=str(torch_cuda_skip_reason()))
 
+import selscan.torch as sst  # noqa: E402
+
+# A training forward's two routes: the op library's selscan::scan_fwd_for_grad where it loads (the backward then
+# finds its plan by the inputs' signature), else the forward's call plan (the backward's plan keyed by it).
+ROUTES = ["plan", pytest.param("op", marks=pytest.mark.skipif(
+    sst._scan_grad_op is None, reason="the op library selscan_torch_ops is not loaded (-DSELSCAN_TORCH_OPS=ON)"))]
+
+
+def take_route(route, monkeypatch):
+    if route == "plan":
+        monkeypatch.setattr(sst, "_scan_grad_op", None)
+
 
 def torch_case(seed, device="cpu", dtype=torch.float32, Bt=2, Dm=6, L=40, N=5, transposed=False, param_dtype=None):
     """MambaMixer's call: with transposed=True, u/z/B/C are transposed views (stride(-1) != 1) as the model
@@ -123,9 +135,11 @@ def fwd_bwd(ts, seed=0):
     return [y, last] + list(grads)
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("param_dtype", [None, torch.bfloat16])
-def test_torch_fast_path_matches_general_path(transposed, param_dtype):
+def test_torch_fast_path_matches_general_path(transposed, param_dtype, route, monkeypatch):
+    take_route(route, monkeypatch)
     for kind in ("torch_fwd", "torch_bwd"):
         _plan.cache(kind).clear()
     for seed in (1, 2):
@@ -140,18 +154,20 @@ def test_torch_fast_path_matches_general_path(transposed, param_dtype):
             assert a.dtype == b.dtype and a.shape == b.shape, i
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"output {i}: {m}")
         assert got[2 + 5].dtype == (param_dtype or torch.float32)  # dD in D's dtype
-    for kind in ("torch_fwd", "torch_bwd"):
+    for kind, want in (("torch_fwd", 1 if route == "plan" else 0), ("torch_bwd", 1)):
         plans = [p for p in _plan.cache(kind).values() if p is not None]
-        assert len(plans) == 1, f"{kind}: expected one reused plan, got {len(plans)}"
+        assert len(plans) == want, f"{kind}: expected {want} reused plan(s), got {len(plans)}"
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", ["plain", "transposed", "no_z", "no_D_bias", "constant_BC", "long", "complex"])
-def test_torch_scan_plan_path_matches_general(monkeypatch, case):
-    """A signature's second call runs forward and backward through plans only (the general implementations and
-    the signature-keyed backward lookup forbidden): y, last_state and every gradient bitwise equal to the general
-    path's, for inputs that exercise each tensor's place (absent D / delta_bias / z, 2-D B/C, L past one chunk so
-    that the chunk states are read back, complex A, a dy whose last stride is not 1)."""
-    import selscan.torch as sst
+def test_torch_scan_plan_path_matches_general(monkeypatch, case, route):
+    """A signature's second call runs forward and backward through plans only (the general implementations
+    forbidden, and on the plan route the signature-keyed backward lookup too: the forward's plan keys the
+    backward's; on the op route the forward's plan lookup is forbidden instead): y, last_state and every gradient
+    bitwise equal to the general path's, for inputs that exercise each tensor's place (absent D / delta_bias / z,
+    2-D B/C, L past one chunk so that the chunk states are read back, complex A, a dy whose last stride is not 1)."""
+    take_route(route, monkeypatch)
     L = 2100 if case == "long" else 40
     ts = torch_case(31, L=L, N=3 if case == "long" else 5, Dm=4 if case == "long" else 6,
                     transposed=case == "transposed", param_dtype=torch.bfloat16 if case == "transposed" else None)
@@ -186,13 +202,14 @@ def test_torch_scan_plan_path_matches_general(monkeypatch, case):
     def forbidden(*a, **k):
         raise AssertionError("the general path ran")
 
-    for name in ("_fwd_impl", "_bwd_impl", "_fast_bwd", "_fast_fwd"):
+    op_route = route == "op"
+    for name in ("_fwd_impl", "_bwd_impl", "_fast_fwd") + (("_fwd_plan",) if op_route else ("_fast_bwd",)):
         monkeypatch.setattr(sst, name, forbidden)
     got = run()
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), i
-    for kind in ("torch_fwd", "torch_bwd"):
-        assert len([p for p in _plan.cache(kind).values() if p is not None]) == 1, kind
+    for kind, n in (("torch_fwd", 0 if op_route else 1), ("torch_bwd", 1)):
+        assert len([p for p in _plan.cache(kind).values() if p is not None]) == n, kind
 
 
 def test_torch_missing_required_is_selscan_error():
