@@ -18,7 +18,7 @@ SELSCAN_TORCH_STABLE=0 leaves only the ctypes route (row `selscan`).
 Upstream's selective_scan_cuda, when importable, is timed through the same autograd path (a thin
 autograd.Function calling its fwd/bwd as mamba_ssm's SelectiveScanFn does). The numpy (CPU path) and CuPy rows
 time a forward on a small shape: numpy reports the call minus the bare library call on the same arrays.
-Medians over repetitions throughout.
+Medians over repetitions throughout; the host rows interleave the implementations repetition by repetition.
 """
 
 import argparse
@@ -74,33 +74,44 @@ def busy(ms):
     torch.cuda._sleep(int(ms * 1e-3 * CLOCK_HZ))
 
 
-def host_times(fn, args, calls, reps):
-    """Median per-call host times of fn(*args) (forward), of the same without a gradient, and of autograd.grad
-    over its result (backward)."""
-    fwd, inf, bwd = [], [], []
-    plain = [t.detach() for t in args]
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        busy(400)
+def host_rep(fn, args, calls):
+    """One repetition's per-call host times (s) of fn(*args) (forward), of autograd.grad over its results
+    (backward), and of the same forward without a gradient."""
+    torch.cuda.synchronize()
+    busy(400)
+    t0 = time.perf_counter()
+    ys = [fn(*args, True) for _ in range(calls)]
+    fwd = (time.perf_counter() - t0) / calls
+    dy = torch.ones_like(ys[0])
+    t = 0.0
+    for y in ys:
         t0 = time.perf_counter()
-        ys = [fn(*args, True) for _ in range(calls)]
-        fwd.append((time.perf_counter() - t0) / calls)
-        dy = torch.ones_like(ys[0])
-        t = 0.0
-        for y in ys:
-            t0 = time.perf_counter()
-            torch.autograd.grad(y, args, dy)
-            t += time.perf_counter() - t0
-        bwd.append(t / calls)
-        torch.cuda.synchronize()
-        busy(400)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            ys = [fn(*plain, True) for _ in range(calls)]  # kept, as the forward's: no block reused mid-loop
-            inf.append((time.perf_counter() - t0) / calls)
-        del ys
-        torch.cuda.synchronize()
-    return statistics.median(fwd) * 1e3, statistics.median(inf) * 1e3, statistics.median(bwd) * 1e3
+        torch.autograd.grad(y, args, dy)
+        t += time.perf_counter() - t0
+    bwd = t / calls
+    torch.cuda.synchronize()
+    busy(400)
+    plain = [a.detach() for a in args]
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        ys = [fn(*plain, True) for _ in range(calls)]  # kept, as the forward's: no block reused mid-loop
+        inf = (time.perf_counter() - t0) / calls
+    del ys
+    torch.cuda.synchronize()
+    return fwd, inf, bwd
+
+
+def host_times(cases, calls, reps):
+    """{name: (median host fwd, inf, bwd in ms)} over reps repetitions for each (fn, args) of cases, the
+    implementations interleaved (each repetition runs them all, in an order rotated every repetition), so that a
+    drift of the machine over the run weighs on every implementation alike."""
+    names = list(cases)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn, args = cases[n]
+            times[n].append(host_rep(fn, args, calls))
+    return {n: tuple(statistics.median(x[i] for x in times[n]) * 1e3 for i in range(3)) for n in names}
 
 
 def latency(fn, args, reps):
@@ -222,12 +233,17 @@ def main():
         print(f"{'shape':>16} {'impl':>14} {'host fwd ms':>12} {'host inf ms':>12} {'host bwd ms':>12} "
               f"{'latency ms':>11}")
         for shape in HOST_SHAPES:
+            cases = {}
             for name, fn in impls.items():
                 ts = make(shape, torch.bfloat16)
-                fn(*ts, True)  # plans, allocator, lazy module loads
+                y = fn(*ts, True)  # plans, allocator, lazy module loads
+                torch.autograd.grad(y, ts, torch.ones_like(y))  # the backward's plan
                 with torch.no_grad():
                     fn(*[t.detach() for t in ts], True)  # the no-grad route's first call
-                hf, hi, hb = host_times(fn, ts, 20 if shape[0] * shape[1] * shape[2] > 2**22 else 50, args.reps)
+                cases[name] = (fn, ts)
+            host = host_times(cases, 20 if shape[0] * shape[1] * shape[2] > 2**22 else 50, args.reps)
+            for name, (fn, ts) in cases.items():
+                hf, hi, hb = host[name]
                 lat = latency(fn, ts, 3 * args.reps)  # a training forward, as the host rows
                 row = {"shape": "x".join(map(str, shape[:3])) + f":{shape[3]}", "impl": name, "host_fwd_ms": hf,
                        "host_inf_ms": hi, "host_bwd_ms": hb, "latency_fwd_ms": lat}
