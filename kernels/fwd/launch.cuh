@@ -49,7 +49,8 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
     constexpr int K = cuda::fwd_warp::kItemsReal;
-    const bool ts = plan.kernel == cuda::Kernel::ts;  // serving calls on it: 5 blocks per SM (the plan's choice)
+    // Serving calls on the thread-states kernel: 5 blocks per SM, block mode 4 (the plan's choice).
+    const bool ts = plan.kernel == cuda::Kernel::ts;
     if (p.serving && p.block_size > 0) {
       // Block mode: an aligned instance (the thread-states or the warp-scan kernel's, as the plan chose) serves the
       // sequences whose block ends fall on the last of every K steps, the warp-scan unaligned one the rest (with a
@@ -58,7 +59,7 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
       // once).
       if (p.block_size % K != 0)
         return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
-      const Status s = ts ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true, kBlocksAligned>(p, plan.ts, l)
+      const Status s = ts ? launch_ts<T, cuda::fwd_ts::kMinBlocksFew, true, kBlocksAligned>(p, plan.ts, l)
                           : launch_warp<T, false, K, true, kBlocksAligned>(p, plan.warp, l);
       if (s != SELSCAN_STATUS_SUCCESS || p.context_lens.p == nullptr) return s;
       return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);

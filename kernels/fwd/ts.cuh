@@ -18,12 +18,13 @@
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
 //
-// kServing: the instances for serving calls (at MINB kMinBlocksMany: src/cuda/select.cpp), template parameters so
-// that the dense instances keep their code: one for packed sequences and pools, one for block mode (kBlocks =
-// kBlocksAligned: the sequences whose block ends fall on 16-step boundaries), whose block-end stores and 16-step
-// pieces would otherwise cost the former 7-9% (validation/optimisation-log.md). The first warp looks the block's
-// sequence up (kernels/common/serving.cuh; block mode checks its table entries across the warp) into shared memory
-// and every thread reads its fields there where they are used: values live across the time loop would cost registers.
+// kServing: the instances for serving calls (MINB kMinBlocksMany, block mode kMinBlocksFew: src/cuda/select.cpp),
+// template parameters so that the dense instances keep their code: one for packed sequences and pools, one for block
+// mode (kBlocks = kBlocksAligned: the sequences whose block ends fall on 16-step boundaries), whose block-end stores
+// and 16-step pieces would otherwise cost the former 7-9% (validation/optimisation-log.md). The first warp looks the
+// block's sequence up (kernels/common/serving.cuh; block mode checks its table entries across the warp) into shared
+// memory and every thread reads its fields there where they are used: values live across the time loop would cost
+// registers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -313,6 +314,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const bool want_x = p.x.p != nullptr;
   const int64_t ntiles = (len() + TT - 1) / TT;
   float dsum = 0.f;
+  // Block mode: the sequence offset of the next block end, a compare per 16-step piece rather than a 64-bit modulo.
+  int64_t next_end = 0;
+  if constexpr (kBlocks == kBlocksAligned) next_end = sq.block - sq.ctx % sq.block;
   prefetch(0);
   stage(0);
   for (int64_t it = 0; it < ntiles; ++it) {
@@ -340,7 +344,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           steps_any<VS>(var_B, var_C, kPiece, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2,
                         bs, cf, want_x, dsum);
           const int64_t pend = t0 + t_in + kPiece;
-          if (pend < sq.len && (sq.ctx + pend) % sq.block == 0) {
+          if (pend == next_end) {
+            next_end += sq.block;
+            if (pend >= sq.len) continue;  // the sequence's own end: its final state goes out below
             const int64_t slot = table_entry(p, b, (sq.ctx + pend) / sq.block - 1);
             if (slot != p.pad_slot_id) {
               // Spelled out rather than state_row(), whose View copy cost this instance spills (ptxas).
