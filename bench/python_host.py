@@ -47,13 +47,14 @@ def ours(u, delta, A, B, C, D, z, bias, softplus):
 
 
 def ours_ctypes(u, delta, A, B, C, D, z, bias, softplus):
-    """The forward through the ctypes route: selscan.torch without its op (the backward takes the same route
-    either way)."""
-    ops, st._scan_op, st._scan_grad_op = (st._scan_op, st._scan_grad_op), None, None
+    """The ctypes route: selscan.torch without its ops (a forward run without them leaves its backward on the
+    ctypes route too)."""
+    ops = (st._scan_op, st._scan_grad_op, st._scan_bwd_op)
+    st._scan_op, st._scan_grad_op, st._scan_bwd_op = None, None, None
     try:
         return selective_scan_fn(u, delta, A, B, C, D, z, bias, softplus)
     finally:
-        st._scan_op, st._scan_grad_op = ops
+        st._scan_op, st._scan_grad_op, st._scan_bwd_op = ops
 
 
 def make(shape, dtype, grad=True, seed=0):

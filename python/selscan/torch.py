@@ -248,8 +248,12 @@ class _FwdPlan:
 # ctypes call. None: the ctypes route (bench/python_host.py sets it to None to time that route).
 _scan_op = None
 # torch.ops.selscan.scan_fwd_for_grad.default, from the same library: a training forward that also returns the
-# inputs as the library read them, so the autograd forward needs no call-plan lookup (the backward makes its plan).
+# inputs as the library read them, so the autograd forward needs no call-plan lookup.
 _scan_grad_op = None
+# torch.ops.selscan.scan_bwd.default, from the same library: the autograd backward as one op call (gradients,
+# workspace and selscan_bwd in C++), taken by the backward of a forward run while it is set. None: the backward's
+# call plan.
+_scan_bwd_op = None
 
 
 def _fwd_sig(u, delta, A, B, C, D, z, bias, flags):
@@ -473,7 +477,7 @@ class _ScanFn(torch.autograd.Function):
             else:
                 ins, (out, out_z, x, last) = _run_fwd(fp, u, delta, A, B, C, D, z, delta_bias)
         ctx.save_for_backward(*ins, x, out if z is not None else None)
-        ctx.fp, ctx.delta_softplus = fp, delta_softplus
+        ctx.fp, ctx.delta_softplus, ctx.bwd_op = fp, delta_softplus, _scan_bwd_op  # the route: chosen here
         # D and delta_bias are float32 in the library; models kept in bf16 hand them in bf16 (cast back below).
         ctx.in_dtypes = (None if D is None else D.dtype, None if delta_bias is None else delta_bias.dtype)
         y = out_z if z is not None else out
@@ -486,8 +490,14 @@ class _ScanFn(torch.autograd.Function):
     def backward(ctx, dy, *unused):
         u, delta, A, B, C, D, z, bias, x, out = ctx.saved_tensors
         det = torch.are_deterministic_algorithms_enabled()
-        fp, g = ctx.fp, None
-        if fp is not None and _plan.ENABLED:
+        fp, g, op = ctx.fp, None, ctx.bwd_op
+        if op is not None and _plan.ENABLED:
+            # One op call: gradients, workspace and the library call in C++, no plan lookup here.
+            try:
+                g = op(dy, u, delta, A, B, C, D, z, bias, x, out, ctx.delta_softplus, det)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass  # what the op refuses, the paths below run or raise in the caller's terms
+        if g is None and fp is not None and _plan.ENABLED:
             # The saved tensors are the ones forward plan fp ran on, so fp stands for their whole signature: the
             # backward's key adds only what varies, dy's layout (its shape is y's: autograd checks) and det.
             key = (fp, dy.stride(), dy.dtype, det)
@@ -706,6 +716,10 @@ if _decode_torch.stable_ops_active:
         _scan_grad_op = torch.ops.selscan.scan_fwd_for_grad.default
     except (AttributeError, RuntimeError):
         _scan_grad_op = None
+    try:
+        _scan_bwd_op = torch.ops.selscan.scan_bwd.default
+    except (AttributeError, RuntimeError):
+        _scan_bwd_op = None
 
 __all__ += ["selective_state_update", "selective_state_update_op"]
 

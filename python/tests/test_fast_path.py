@@ -91,15 +91,17 @@ needs_cuda = pytest.mark.skipif(torch_cuda_skip_reason() is not None, reason=str
 
 import selscan.torch as sst  # noqa: E402
 
-# A training forward's two routes: the op library's selscan::scan_fwd_for_grad where it loads (the backward then
-# finds its plan by the inputs' signature), else the forward's call plan (the backward's plan keyed by it).
+# A training step's two routes: the op library's selscan::scan_fwd_for_grad and selscan::scan_bwd where it loads
+# (no call plan at all), else the forward's call plan and the backward's plan keyed by it.
 ROUTES = ["plan", pytest.param("op", marks=pytest.mark.skipif(
-    sst._scan_grad_op is None, reason="the op library selscan_torch_ops is not loaded (-DSELSCAN_TORCH_OPS=ON)"))]
+    sst._scan_grad_op is None or sst._scan_bwd_op is None,
+    reason="the op library selscan_torch_ops is not loaded (-DSELSCAN_TORCH_OPS=ON)"))]
 
 
 def take_route(route, monkeypatch):
     if route == "plan":
         monkeypatch.setattr(sst, "_scan_grad_op", None)
+        monkeypatch.setattr(sst, "_scan_bwd_op", None)
 
 
 def torch_case(seed, device="cpu", dtype=torch.float32, Bt=2, Dm=6, L=40, N=5, transposed=False, param_dtype=None):
@@ -154,7 +156,7 @@ def test_torch_fast_path_matches_general_path(transposed, param_dtype, route, mo
             assert a.dtype == b.dtype and a.shape == b.shape, i
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"output {i}: {m}")
         assert got[2 + 5].dtype == (param_dtype or torch.float32)  # dD in D's dtype
-    for kind, want in (("torch_fwd", 1 if route == "plan" else 0), ("torch_bwd", 1)):
+    for kind, want in (("torch_fwd", 1 if route == "plan" else 0), ("torch_bwd", 1 if route == "plan" else 0)):
         plans = [p for p in _plan.cache(kind).values() if p is not None]
         assert len(plans) == want, f"{kind}: expected {want} reused plan(s), got {len(plans)}"
 
@@ -164,7 +166,7 @@ def test_torch_fast_path_matches_general_path(transposed, param_dtype, route, mo
 def test_torch_scan_plan_path_matches_general(monkeypatch, case, route):
     """A signature's second call runs forward and backward through plans only (the general implementations
     forbidden, and on the plan route the signature-keyed backward lookup too: the forward's plan keys the
-    backward's; on the op route the forward's plan lookup is forbidden instead): y, last_state and every gradient
+    backward's), or through the two ops only (every plan lookup forbidden): y, last_state and every gradient
     bitwise equal to the general path's, for inputs that exercise each tensor's place (absent D / delta_bias / z,
     2-D B/C, L past one chunk so that the chunk states are read back, complex A, a dy whose last stride is not 1)."""
     take_route(route, monkeypatch)
@@ -203,12 +205,12 @@ def test_torch_scan_plan_path_matches_general(monkeypatch, case, route):
         raise AssertionError("the general path ran")
 
     op_route = route == "op"
-    for name in ("_fwd_impl", "_bwd_impl", "_fast_fwd") + (("_fwd_plan",) if op_route else ("_fast_bwd",)):
+    for name in ("_fwd_impl", "_bwd_impl", "_fast_fwd", "_fast_bwd") + (("_fwd_plan", "_run_bwd") if op_route else ()):
         monkeypatch.setattr(sst, name, forbidden)
     got = run()
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), i
-    for kind, n in (("torch_fwd", 0 if op_route else 1), ("torch_bwd", 1)):
+    for kind, n in (("torch_fwd", 0 if op_route else 1), ("torch_bwd", 0 if op_route else 1)):
         assert len([p for p in _plan.cache(kind).values() if p is not None]) == n, kind
 
 

@@ -419,6 +419,7 @@ def counting(monkeypatch):
 def ctypes_route(monkeypatch):
     monkeypatch.setattr(st, "_scan_op", None)
     monkeypatch.setattr(st, "_scan_grad_op", None)
+    monkeypatch.setattr(st, "_scan_bwd_op", None)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -447,6 +448,7 @@ def test_selective_scan_fn_routes_through_the_op(grad, monkeypatch):
                 outs[route] = [y, last, *grads]
                 monkeypatch.setattr(st, "_scan_op", scan_op)
                 monkeypatch.setattr(st, "_scan_grad_op", scan_grad_op)
+                monkeypatch.setattr(st, "_scan_bwd_op", scan_bwd_op)
             op = "scan_fwd_for_grad" if grad else "scan_fwd"
             assert calls == [(op, grad and L > 2048, True)], calls
             for i, (a, b) in enumerate(zip(outs["op"], outs["ctypes"])):
@@ -495,7 +497,8 @@ def interleaved_to_complex_t(t):
 def test_scan_route_unless_opted_out():
     """selscan.torch takes the op where the library loads, also with SELSCAN_TORCH_STABLE=1; =0 at import keeps
     the ctypes route."""
-    code = "import selscan.torch as st\nprint(st._scan_op is not None, st._scan_grad_op is not None)\n"
+    code = ("import selscan.torch as st\n"
+            "print(st._scan_op is not None, st._scan_grad_op is not None, st._scan_bwd_op is not None)\n")
     env = dict(os.environ)
     for choice, expected in ((None, "True"), ("1", "True"), ("0", "False")):
         env.pop("SELSCAN_TORCH_STABLE", None)
@@ -503,7 +506,7 @@ def test_scan_route_unless_opted_out():
             env["SELSCAN_TORCH_STABLE"] = choice
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.split() == [expected, expected], (choice, r.stdout)
+        assert r.stdout.split() == [expected] * 3, (choice, r.stdout)
 
 
 @needs_cuda
@@ -518,3 +521,80 @@ def test_scan_cuda_on_the_current_stream():
             want = binding_fwd(ts, True, True, True)
             side.synchronize()
         same(got, want, what)
+
+
+scan_bwd_op = st._scan_bwd_op
+GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
+
+
+def same_grads(got, want, what):
+    for name, g, w in zip(GRADS, got, want):
+        assert (g is None) == (w is None), f"{what}: {name} present {g is not None}, expected {w is not None}"
+        if g is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous(), f"{what}: {name}"
+            assert torch.equal(g, w), f"{what}: {name} differs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scan_bwd_matches_the_binding_bit_for_bit(device, dtype):
+    """scan_bwd on a forward's saved tensors: every gradient bit-identical to the binding's backward plan
+    (_fast_bwd: the same library call), in the dtype and shape it allocates, deterministic or not, with dout
+    row-major, strided in L, or in another dtype (rounded to u's)."""
+    for what, kw in scan_cases():
+        ts = make_scan(device, dtype, **kw)
+        u, z = ts[0], ts[6]
+        long = u.shape[-1] > 2048
+        out, _, x, _ = scan_op(*ts, True, long, False, None)
+        out = out if z is not None else None
+        g = torch.Generator().manual_seed(7)
+        dout = torch.randn(u.shape, generator=g).to(dtype).to(device)
+        douts = (("rows", dout), ("strided", dout.transpose(1, 2).contiguous().transpose(1, 2)),
+                 ("float64", dout.double()))
+        for (name, d), det in zip(douts, (False, True, False)):
+            label = f"{what} dout={name} deterministic={det}"
+            # A dout in another dtype: the op rounds it to u's, the binding's plan takes only u's.
+            want = st._fast_bwd(d.to(dtype), *ts, x, out, True, det)
+            assert want is not None, label
+            same_grads(scan_bwd_op(d, *ts, x, out, True, det), want, label)
+
+
+def test_scan_bwd_against_float64():
+    """scan_bwd's gradients against autograd through the float64 reference scan (fp32 inputs)."""
+    ts = make_scan("cpu", torch.float32, G=2, Dm=4, L=24, N=4)
+    out, _, _, _ = scan_op(*ts, True, False, False, None)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    got = scan_bwd_op(dout, *ts, None, out, True, False)
+    leaves = [t.double().requires_grad_(True) for t in ts]
+    y = ref_scan_torch64(*leaves)
+    want = torch.autograd.grad(y, leaves, dout.double())
+    for name, g, w in zip(GRADS, got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def ref_scan_torch64(u, delta, A, B, C, D, z, bias):
+    """The scan in float64 torch ops (variable B/C with groups), for autograd: y = (sum_n h C + D u) silu(z)."""
+    Bt, Dm, L = u.shape
+    G = B.shape[1]
+    Bx = B.repeat_interleave(Dm // G, dim=1)  # (Bt, Dm, N, L)
+    Cx = C.repeat_interleave(Dm // G, dim=1)
+    dl = torch.nn.functional.softplus(delta + bias[:, None])
+    h = torch.zeros(Bt, Dm, A.shape[1], dtype=u.dtype)
+    ys = []
+    for t in range(L):
+        h = torch.exp(dl[:, :, t, None] * A) * h + dl[:, :, t, None] * Bx[..., t] * u[:, :, t, None]
+        ys.append((h * Cx[..., t]).sum(-1))
+    y = torch.stack(ys, -1) + D[:, None] * u
+    return y * z * torch.sigmoid(z)
+
+
+def test_scan_bwd_errors_name_the_argument():
+    u, delta, A, B, C, D, z, bias = ts = make_scan("cpu", torch.bfloat16, G=2, Dm=4, L=40)
+    out = scan_op(*ts, True, False, False, None)[0]
+    dout = torch.randn(u.shape).bfloat16()
+    with pytest.raises(RuntimeError, match="selscan::scan_bwd: D: dtype int32 cannot be used"):
+        scan_bwd_op(dout, u, delta, A, B, C, D.int(), z, bias, None, out, True, False)
+    with pytest.raises(RuntimeError, match="dout"):
+        scan_bwd_op(dout[:, :, :39], u, delta, A, B, C, D, z, bias, None, out, True, False)
+    with pytest.raises(RuntimeError, match="out"):
+        scan_bwd_op(dout, u, delta, A, B, C, D, z, bias, None, None, True, False)

@@ -5,6 +5,7 @@
 //   selscan::scan_fwd       the scan's forward (selscan_fwd) with its outputs and workspace allocated here
 //                           (bench/python_host.py)
 //   selscan::scan_fwd_for_grad  the same for a training forward, also returning the inputs as converted
+//   selscan::scan_bwd       the scan's backward (selscan_bwd) with its gradients and workspace allocated here
 //
 // The library links neither libtorch nor libpython: every torch symbol resolves from the torch already loaded in
 // the process when torch.ops.load_library opens it, and the registrations run from static initialisers, so the
@@ -366,15 +367,17 @@ int64_t dim_of(AtenTensorHandle h, const char* name) {
   return ndim;
 }
 
-// The workspace a CUDA forward asks for depends on the call's shapes, strides, dtypes, flags and device, not on
-// its addresses: the last few answers of this thread are kept under the argument struct with every present
-// tensor's address replaced by 1 (the library still checks each call's workspace against its need).
+// The workspace a CUDA call asks for depends on its shapes, strides, dtypes, flags and device, not on its
+// addresses: the last few answers of this thread are kept under the argument struct with every present tensor's
+// address replaced by 1 (the library still checks each call's workspace against its need). Args: the forward's or
+// the backward's argument struct.
+template <class Args>
 struct WorkspaceMemo {
   static constexpr int kEntries = 4;
   struct Entry {
     bool valid = false;
     int32_t device = 0;
-    selscan_fwd_args_t key{};
+    Args key{};
     size_t bytes = 0;
   };
   std::array<Entry, kEntries> entries{};
@@ -392,23 +395,58 @@ selscan_fwd_args_t address_free(const selscan_fwd_args_t& args) {
   return key;
 }
 
-size_t fwd_workspace_bytes(const selscan_fwd_args_t& args, const selscan_exec_t& exec) {
-  thread_local WorkspaceMemo memo;
-  const selscan_fwd_args_t key = address_free(args);
-  for (const WorkspaceMemo::Entry& e : memo.entries) {
+selscan_bwd_args_t address_free(const selscan_bwd_args_t& args) {
+  selscan_bwd_args_t key;
+  std::memcpy(&key, &args, sizeof key);
+  for (selscan_tensor_t* t : {&key.u, &key.delta, &key.A, &key.B, &key.C, &key.D, &key.z, &key.delta_bias, &key.h0,
+                              &key.dout, &key.x, &key.out, &key.du, &key.ddelta, &key.dA, &key.dB, &key.dC, &key.dD,
+                              &key.dz, &key.ddelta_bias, &key.dh0, &key.out_z, &key.cu_seqlens, &key.cache_indices,
+                              &key.has_initial_state}) {
+    t->data = t->data != nullptr ? reinterpret_cast<void*>(1) : nullptr;
+  }
+  return key;
+}
+
+selscan_status_t workspace_size(const selscan_fwd_args_t& a, const selscan_exec_t& e, size_t* bytes) {
+  return selscan_fwd_workspace_size(&a, &e, bytes);
+}
+selscan_status_t workspace_size(const selscan_bwd_args_t& a, const selscan_exec_t& e, size_t* bytes) {
+  return selscan_bwd_workspace_size(&a, &e, bytes);
+}
+
+template <class Args>
+size_t workspace_bytes(const Args& args, const selscan_exec_t& exec) {
+  thread_local WorkspaceMemo<Args> memo;
+  const Args key = address_free(args);
+  for (const auto& e : memo.entries) {
     if (e.valid && e.device == exec.device_index && std::memcmp(&e.key, &key, sizeof key) == 0) {
       return e.bytes;
     }
   }
   size_t bytes = 0;
-  library_call(selscan_fwd_workspace_size(&args, &exec, &bytes));
-  WorkspaceMemo::Entry& e = memo.entries[memo.next];
-  memo.next = (memo.next + 1) % WorkspaceMemo::kEntries;
+  library_call(workspace_size(args, exec, &bytes));
+  auto& e = memo.entries[memo.next];
+  memo.next = (memo.next + 1) % WorkspaceMemo<Args>::kEntries;
   e.valid = true;
   e.device = exec.device_index;
   std::memcpy(&e.key, &key, sizeof key);
   e.bytes = bytes;
   return bytes;
+}
+
+// A CUDA call's workspace as a new byte tensor (freed to torch's caching allocator after the call is enqueued on
+// its stream), set in exec; nothing where the call needs none.
+template <class Args>
+std::optional<Tensor> workspace_for(const Args& args, selscan_exec_t& exec, Device dev) {
+  const size_t bytes = workspace_bytes(args, exec);
+  if (bytes == 0) {
+    return std::nullopt;
+  }
+  const int64_t size = static_cast<int64_t>(bytes);
+  Tensor ws = new_rows(1, &size, kCodes.u8, dev, "the workspace");
+  shim(aoti_torch_get_data_ptr(ws.get(), &exec.workspace), "read the data pointer", "the workspace");
+  exec.workspace_bytes = bytes;
+  return ws;
 }
 
 using ScanOutputs = std::tuple<Tensor, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>>;
@@ -487,16 +525,8 @@ ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor&
   }
 
   selscan_exec_t exec = exec_for<kCuda>(dev, "u");
-  std::optional<Tensor> workspace;  // freed to torch's caching allocator after the call is enqueued on its stream
-  if constexpr (kCuda) {
-    const size_t bytes = fwd_workspace_bytes(args, exec);
-    if (bytes > 0) {
-      const int64_t size = static_cast<int64_t>(bytes);
-      workspace = new_rows(1, &size, kCodes.u8, dev, "the workspace");
-      shim(aoti_torch_get_data_ptr(workspace->get(), &exec.workspace), "read the data pointer", "the workspace");
-      exec.workspace_bytes = bytes;
-    }
-  }
+  std::optional<Tensor> workspace;
+  if constexpr (kCuda) workspace = workspace_for(args, exec, dev);
   library_call(selscan_fwd(&args, &exec));
   return {out, oz, x, last};
 }
@@ -538,6 +568,95 @@ ScanTrainOutputs scan_fwd_for_grad(const Tensor& u, const Tensor& delta, const T
   }
 }
 
+// ------------------------------------------------------------------------------------------------ scan backward
+// selscan::scan_bwd: the backward of a training forward, given its saved tensors (u ... delta_bias as the forward
+// read them, its x and out) and the gradient of its output. Each argument is converted as scan_fwd converts it
+// (none is, when they come from scan_fwd_for_grad); dout to u's dtype and a unit last stride, as the binding's
+// backward plan does. The gradients are new row-major tensors, as the binding allocates them: du, ddelta and dz in
+// u's dtype, dA in A's, dB / dC in u's where variable and A's where constant, dD and ddelta_bias float32.
+using ScanGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::optional<Tensor>, std::optional<Tensor>,
+                             std::optional<Tensor>>;
+
+template <bool kCuda>
+ScanGrads scan_bwd_checked(const Tensor& dout, const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
+                           const Tensor& C, const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                           const std::optional<Tensor>& delta_bias, const std::optional<Tensor>& x,
+                           const std::optional<Tensor>& out, bool delta_softplus, bool deterministic) {
+  selscan_bwd_args_t args;
+  std::memset(&args, 0, sizeof args);  // padding too: the workspace memo compares the struct bytewise
+  args.struct_size = sizeof args;
+  args.delta_softplus = delta_softplus ? 1 : 0;
+  args.deterministic = deterministic ? 1 : 0;
+  const Device dev = device_of(u.get(), "u");
+
+  const int32_t it = dtype_of(u.get(), "u");
+  if (!is_io(it)) {
+    fail("u: dtype " + dtype_label(it) + " is not supported (expected float32, float16 or bfloat16)");
+  }
+  const int64_t u_dim = dim_of(u.get(), "u"), a_dim = dim_of(A.get(), "A");
+  if (u_dim != 3) {
+    fail("u: has " + std::to_string(u_dim) + " dims, expected 3 (batch, dim, seqlen)");
+  }
+  if (a_dim != 2) {
+    fail("A: has " + std::to_string(a_dim) + " dims, expected 2 (dim, dstate)");
+  }
+  const int32_t wt = is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32;
+
+  std::array<std::optional<Tensor>, 11> keep;  // converted copies, alive until the call is enqueued
+  scan_input(args.u, u, "u", dev, it, true, keep[0]);
+  scan_input(args.delta, delta, "delta", dev, it, true, keep[1]);
+  scan_input(args.A, A, "A", dev, wt, false, keep[2]);
+  int32_t bc_type[2] = {wt, wt};
+  for (auto [slot, t, name, k] : {std::make_tuple(&args.B, &B, "B", 3), std::make_tuple(&args.C, &C, "C", 4)}) {
+    const bool variable = dim_of(t->get(), name) >= 3;
+    if (variable && is_complex(dtype_of(t->get(), name))) {
+      fail(std::string(name) + ": a variable " + name + " must be real here: pass it Re/Im interleaved along the "
+           "last dimension (..., 2L), as scan_fwd_for_grad read it");
+    }
+    bc_type[k - 3] = variable ? it : wt;
+    scan_input(*slot, *t, name, dev, bc_type[k - 3], variable, keep[k]);
+  }
+  if (D) scan_input(args.D, *D, "D", dev, kCodes.f32, false, keep[5]);
+  if (z) scan_input(args.z, *z, "z", dev, it, true, keep[6]);
+  if (delta_bias) scan_input(args.delta_bias, *delta_bias, "delta_bias", dev, kCodes.f32, false, keep[7]);
+  scan_input(args.dout, dout, "dout", dev, it, true, keep[8]);
+  if (x) scan_input(args.x, *x, "x", dev, wt, false, keep[9]);
+  if (out) scan_input(args.out, *out, "out", dev, it, true, keep[10]);
+
+  const auto grad = [&](selscan_tensor_t& slot, const selscan_tensor_t& like, int32_t dtype, const char* name) {
+    Tensor g = new_rows(like.ndim, like.sizes, dtype, dev, name);
+    describe(slot, g.get(), dtype, name);
+    return g;
+  };
+  Tensor du = grad(args.du, args.u, it, "du");
+  Tensor ddelta = grad(args.ddelta, args.u, it, "ddelta");
+  Tensor dA = grad(args.dA, args.A, wt, "dA");
+  Tensor dB = grad(args.dB, args.B, bc_type[0], "dB");
+  Tensor dC = grad(args.dC, args.C, bc_type[1], "dC");
+  std::optional<Tensor> dD, dz, dbias;
+  if (D) dD = grad(args.dD, args.D, kCodes.f32, "dD");
+  if (z) dz = grad(args.dz, args.u, it, "dz");
+  if (delta_bias) dbias = grad(args.ddelta_bias, args.delta_bias, kCodes.f32, "ddelta_bias");
+
+  selscan_exec_t exec = exec_for<kCuda>(dev, "u");
+  std::optional<Tensor> workspace;
+  if constexpr (kCuda) workspace = workspace_for(args, exec, dev);
+  library_call(selscan_bwd(&args, &exec));
+  return {du, ddelta, dA, dB, dC, dD, dz, dbias};
+}
+
+template <bool kCuda>
+ScanGrads scan_bwd(const Tensor& dout, const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
+                   const Tensor& C, const std::optional<Tensor>& D, const std::optional<Tensor>& z,
+                   const std::optional<Tensor>& delta_bias, const std::optional<Tensor>& x,
+                   const std::optional<Tensor>& out, bool delta_softplus, bool deterministic) {
+  try {
+    return scan_bwd_checked<kCuda>(dout, u, delta, A, B, C, D, z, delta_bias, x, out, delta_softplus, deterministic);
+  } catch (const ArgError& e) {
+    rethrow_named("selscan::scan_bwd", e);
+  }
+}
+
 }  // namespace
 
 // Tensor(b!)? out: written in place when given, and returned (an alias of it), as selscan.torch's `out=`.
@@ -555,16 +674,23 @@ STABLE_TORCH_LIBRARY_FRAGMENT(selscan, m) {
   m.def("scan_fwd_for_grad(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, Tensor? z=None, "
         "Tensor? delta_bias=None, bool delta_softplus=False, bool want_x=False, bool want_last=False) -> (Tensor, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)");
+  // (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias): dD, dz, ddelta_bias absent where D, z, delta_bias are. x: the
+  // forward's chunk states (required when seqlen > 2048), out: its pre-gate output (required with z).
+  m.def("scan_bwd(Tensor dout, Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, "
+        "Tensor? z=None, Tensor? delta_bias=None, Tensor? x=None, Tensor? out=None, bool delta_softplus=False, "
+        "bool deterministic=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor?, Tensor?, Tensor?)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CPU, m) {
   m.impl("state_update", TORCH_BOX(&state_update<false>));
   m.impl("scan_fwd", TORCH_BOX(&scan_fwd<false>));
   m.impl("scan_fwd_for_grad", TORCH_BOX(&scan_fwd_for_grad<false>));
+  m.impl("scan_bwd", TORCH_BOX(&scan_bwd<false>));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(selscan, CUDA, m) {
   m.impl("state_update", TORCH_BOX(&state_update<true>));
   m.impl("scan_fwd", TORCH_BOX(&scan_fwd<true>));
   m.impl("scan_fwd_for_grad", TORCH_BOX(&scan_fwd_for_grad<true>));
+  m.impl("scan_bwd", TORCH_BOX(&scan_bwd<true>));
 }
