@@ -449,6 +449,56 @@ std::optional<Tensor> workspace_for(const Args& args, selscan_exec_t& exec, Devi
   return ws;
 }
 
+// The call's device (u's), u's dtype (the library's itype) and the weights' (A's: float32 or complex64).
+struct ScanTypes {
+  Device dev;
+  int32_t it, wt;
+};
+
+ScanTypes scan_types(const Tensor& u, const Tensor& A) {
+  const int32_t it = dtype_of(u.get(), "u");
+  if (!is_io(it)) {
+    fail("u: dtype " + dtype_label(it) + " is not supported (expected float32, float16 or bfloat16)");
+  }
+  const int64_t u_dim = dim_of(u.get(), "u"), a_dim = dim_of(A.get(), "A");
+  if (u_dim != 3) {
+    fail("u: has " + std::to_string(u_dim) + " dims, expected 3 (batch, dim, seqlen)");
+  }
+  if (a_dim != 2) {
+    fail("A: has " + std::to_string(a_dim) + " dims, expected 2 (dim, dstate)");
+  }
+  return {device_of(u.get(), "u"), it, is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32};
+}
+
+// The eight inputs into either direction's argument struct, converted into keep[0..7] where the library reads
+// another dtype or layout; returns the dtypes B and C are read in (u's where variable, A's where constant), which
+// their gradients take too.
+template <class Args, size_t K>
+std::array<int32_t, 2> scan_inputs(Args& args, const ScanTypes& ty, const Tensor& u, const Tensor& delta,
+                                   const Tensor& A, const Tensor& B, const Tensor& C, const std::optional<Tensor>& D,
+                                   const std::optional<Tensor>& z, const std::optional<Tensor>& delta_bias,
+                                   std::array<std::optional<Tensor>, K>& keep) {
+  static_assert(K >= 8, "a slot per input");
+  const Device dev = ty.dev;
+  scan_input(args.u, u, "u", dev, ty.it, true, keep[0]);
+  scan_input(args.delta, delta, "delta", dev, ty.it, true, keep[1]);
+  scan_input(args.A, A, "A", dev, ty.wt, false, keep[2]);
+  std::array<int32_t, 2> bc_type{ty.wt, ty.wt};
+  for (auto [slot, t, name, k] : {std::make_tuple(&args.B, &B, "B", 3), std::make_tuple(&args.C, &C, "C", 4)}) {
+    const bool variable = dim_of(t->get(), name) >= 3;
+    if (variable && is_complex(dtype_of(t->get(), name))) {
+      fail(std::string(name) + ": a variable " + name + " must be real here: pass it Re/Im interleaved along the "
+           "last dimension (..., 2L), or through selscan.torch.selective_scan_fn, which interleaves it");
+    }
+    bc_type[k - 3] = variable ? ty.it : ty.wt;
+    scan_input(*slot, *t, name, dev, bc_type[k - 3], variable, keep[k]);
+  }
+  if (D) scan_input(args.D, *D, "D", dev, kCodes.f32, false, keep[5]);
+  if (z) scan_input(args.z, *z, "z", dev, ty.it, true, keep[6]);
+  if (delta_bias) scan_input(args.delta_bias, *delta_bias, "delta_bias", dev, kCodes.f32, false, keep[7]);
+  return bc_type;
+}
+
 using ScanOutputs = std::tuple<Tensor, std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>>;
 // The eight inputs (u, delta, A, B, C, D, z, delta_bias) as the call converted them, nullopt where it read the
 // caller's tensor as it is.
@@ -463,35 +513,10 @@ ScanOutputs scan_fwd_checked(const Tensor& u, const Tensor& delta, const Tensor&
   std::memset(&args, 0, sizeof args);  // padding too: the workspace memo compares the struct bytewise
   args.struct_size = sizeof args;
   args.delta_softplus = delta_softplus ? 1 : 0;
-  const Device dev = device_of(u.get(), "u");
-
-  const int32_t it = dtype_of(u.get(), "u");
-  if (!is_io(it)) {
-    fail("u: dtype " + dtype_label(it) + " is not supported (expected float32, float16 or bfloat16)");
-  }
-  const int64_t u_dim = dim_of(u.get(), "u"), a_dim = dim_of(A.get(), "A");
-  if (u_dim != 3) {
-    fail("u: has " + std::to_string(u_dim) + " dims, expected 3 (batch, dim, seqlen)");
-  }
-  if (a_dim != 2) {
-    fail("A: has " + std::to_string(a_dim) + " dims, expected 2 (dim, dstate)");
-  }
-  const int32_t wt = is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32;
-
-  scan_input(args.u, u, "u", dev, it, true, keep[0]);
-  scan_input(args.delta, delta, "delta", dev, it, true, keep[1]);
-  scan_input(args.A, A, "A", dev, wt, false, keep[2]);
-  for (auto [slot, t, name, k] : {std::make_tuple(&args.B, &B, "B", 3), std::make_tuple(&args.C, &C, "C", 4)}) {
-    const bool variable = dim_of(t->get(), name) >= 3;
-    if (variable && is_complex(dtype_of(t->get(), name))) {
-      fail(std::string(name) + ": a variable " + name + " must be real here: pass it Re/Im interleaved along the "
-           "last dimension (..., 2L), or through selscan.torch.selective_scan_fn, which interleaves it");
-    }
-    scan_input(*slot, *t, name, dev, variable ? it : wt, variable, keep[k]);
-  }
-  if (D) scan_input(args.D, *D, "D", dev, kCodes.f32, false, keep[5]);
-  if (z) scan_input(args.z, *z, "z", dev, it, true, keep[6]);
-  if (delta_bias) scan_input(args.delta_bias, *delta_bias, "delta_bias", dev, kCodes.f32, false, keep[7]);
+  const ScanTypes ty = scan_types(u, A);
+  const Device dev = ty.dev;
+  const int32_t it = ty.it, wt = ty.wt;
+  scan_inputs(args, ty, u, delta, A, B, C, D, z, delta_bias, keep);
 
   // The outputs: new row-major tensors (the binding's new_empty), out_z the caller's where given.
   const int64_t bt = args.u.sizes[0], dm = args.u.sizes[1], L = args.u.sizes[2], n = args.A.sizes[1];
@@ -587,38 +612,11 @@ ScanGrads scan_bwd_checked(const Tensor& dout, const Tensor& u, const Tensor& de
   args.struct_size = sizeof args;
   args.delta_softplus = delta_softplus ? 1 : 0;
   args.deterministic = deterministic ? 1 : 0;
-  const Device dev = device_of(u.get(), "u");
-
-  const int32_t it = dtype_of(u.get(), "u");
-  if (!is_io(it)) {
-    fail("u: dtype " + dtype_label(it) + " is not supported (expected float32, float16 or bfloat16)");
-  }
-  const int64_t u_dim = dim_of(u.get(), "u"), a_dim = dim_of(A.get(), "A");
-  if (u_dim != 3) {
-    fail("u: has " + std::to_string(u_dim) + " dims, expected 3 (batch, dim, seqlen)");
-  }
-  if (a_dim != 2) {
-    fail("A: has " + std::to_string(a_dim) + " dims, expected 2 (dim, dstate)");
-  }
-  const int32_t wt = is_complex(dtype_of(A.get(), "A")) ? kCodes.c64 : kCodes.f32;
-
+  const ScanTypes ty = scan_types(u, A);
+  const Device dev = ty.dev;
+  const int32_t it = ty.it, wt = ty.wt;
   std::array<std::optional<Tensor>, 11> keep;  // converted copies, alive until the call is enqueued
-  scan_input(args.u, u, "u", dev, it, true, keep[0]);
-  scan_input(args.delta, delta, "delta", dev, it, true, keep[1]);
-  scan_input(args.A, A, "A", dev, wt, false, keep[2]);
-  int32_t bc_type[2] = {wt, wt};
-  for (auto [slot, t, name, k] : {std::make_tuple(&args.B, &B, "B", 3), std::make_tuple(&args.C, &C, "C", 4)}) {
-    const bool variable = dim_of(t->get(), name) >= 3;
-    if (variable && is_complex(dtype_of(t->get(), name))) {
-      fail(std::string(name) + ": a variable " + name + " must be real here: pass it Re/Im interleaved along the "
-           "last dimension (..., 2L), as scan_fwd_for_grad read it");
-    }
-    bc_type[k - 3] = variable ? it : wt;
-    scan_input(*slot, *t, name, dev, bc_type[k - 3], variable, keep[k]);
-  }
-  if (D) scan_input(args.D, *D, "D", dev, kCodes.f32, false, keep[5]);
-  if (z) scan_input(args.z, *z, "z", dev, it, true, keep[6]);
-  if (delta_bias) scan_input(args.delta_bias, *delta_bias, "delta_bias", dev, kCodes.f32, false, keep[7]);
+  const std::array<int32_t, 2> bc_type = scan_inputs(args, ty, u, delta, A, B, C, D, z, delta_bias, keep);
   scan_input(args.dout, dout, "dout", dev, it, true, keep[8]);
   if (x) scan_input(args.x, *x, "x", dev, wt, false, keep[9]);
   if (out) scan_input(args.out, *out, "out", dev, it, true, keep[10]);
