@@ -452,6 +452,39 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
     return bp
 
 
+# torch.autograd.Function.apply is a Python layer over the C entry point _FunctionBase.apply: for a Function with
+# no setup_context and no functorch transform active, all it adds is unwrapping dead functorch wrappers (tensors
+# that escaped a finished transform), through a generator over the arguments, about 7 µs of a training forward's
+# host time on the 2-core machine. direct_apply(cls) calls the entry point with the same unwrapping, and
+# Function.apply itself while a transform is active (where it raises for these Functions) or where this torch
+# lacks any of the pieces.
+_unwrap_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+_base_apply = getattr(torch._C, "_FunctionBase", object).__dict__.get("apply")
+
+
+def _bound_apply(cls):
+    """cls's _FunctionBase.apply, or None where direct_apply must fall back to cls.apply."""
+    if _unwrap_dead is None or _transforms_active is None or _base_apply is None or "setup_context" in cls.__dict__:
+        return None
+    return _base_apply.__get__(None, cls)
+
+
+def direct_apply(cls):
+    """f(*args) doing cls.apply(*args) without Function.apply's Python layer (above)."""
+    raw = _bound_apply(cls)
+    if raw is None:
+        return cls.apply
+    uw, active, tensor = _unwrap_dead, _transforms_active, torch.Tensor
+
+    def apply(*args):
+        if active():
+            return cls.apply(*args)
+        return raw(*[uw(a) if isinstance(a, tensor) else a for a in args])
+
+    return apply
+
+
 class _ScanFn(torch.autograd.Function):
     """The eager autograd path of selective_scan_fn (fast path first, the custom ops' implementation else)."""
 
@@ -521,6 +554,10 @@ class _ScanFn(torch.autograd.Function):
         if dbias is not None and dbias.dtype != b_dt:
             dbias = dbias.to(b_dt)
         return du, ddelta, _match(dA, A), _match(dB, B), _match(dC, C), dD, dz, dbias, None, None
+
+
+# selective_scan_fn's autograd call, spelled out there (a tensor test per argument is the generic form's cost).
+_scan_apply = _bound_apply(_ScanFn)
 
 
 def _block_slots(sv, n, length, slots):
@@ -677,7 +714,12 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
                                     or C.requires_grad or (D is not None and D.requires_grad)
                                     or (z is not None and z.requires_grad)
                                     or (delta_bias is not None and delta_bias.requires_grad)):
-        return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
+        if _scan_apply is None or _transforms_active():
+            return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
+        uw = _unwrap_dead
+        return _scan_apply(uw(u), uw(delta), uw(A), uw(B), uw(C), None if D is None else uw(D),
+                           None if z is None else uw(z), None if delta_bias is None else uw(delta_bias), softplus,
+                           want_last)
     # No gradient wanted: no autograd node, no chunk states.
     op = _scan_op
     if op is not None and _plan.ENABLED:

@@ -233,6 +233,66 @@ def test_torch_inference_needs_no_autograd_node():
     torch.testing.assert_close(y, y2, rtol=0, atol=0)
 
 
+def test_autograd_call_without_function_apply_layer(monkeypatch):
+    """selective_scan_fn's autograd call through _FunctionBase.apply (sst._scan_apply) builds the same node as
+    _ScanFn.apply and gives the same outputs and gradients, also with a dead functorch wrapper as u (unwrapped as
+    Function.apply unwraps it); under a functorch transform it is Function.apply's own error."""
+    assert sst._scan_apply is not None, "this torch has _FunctionBase.apply and unwrap_if_dead"
+    ts = torch_case(9)
+    leaked = []
+
+    def escape(x):
+        leaked.append(x)
+        return (2 * x).sum()
+
+    torch.func.grad(escape)(ts[0].clone())
+    dead = leaked[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead)
+    results = {}
+    for route in ("direct", "apply"):
+        if route == "apply":
+            monkeypatch.setattr(sst, "_scan_apply", None)
+        for u_kind in ("plain", "dead"):
+            lv = leaf(ts)
+            u = lv[0] if u_kind == "plain" else dead
+            y, last = selective_scan_fn(u, *lv[1:], delta_softplus=True, return_last_state=True)
+            assert type(y.grad_fn).__name__ == "_ScanFnBackward", route
+            saved_u = y.grad_fn.saved_tensors[0]
+            assert not torch._C._functorch.is_functorch_wrapped_tensor(saved_u), (route, u_kind)  # unwrapped
+            results[route, u_kind] = [y, last] + list(torch.autograd.grad(y.square().sum(), lv[1:]))
+    for u_kind in ("plain", "dead"):
+        for i, (a, b) in enumerate(zip(results["direct", u_kind], results["apply", u_kind])):
+            assert torch.equal(a, b), (u_kind, i)
+    for i, (a, b) in enumerate(zip(results["direct", "dead"], results["direct", "plain"])):
+        assert torch.equal(a, b), i  # the dead wrapper holds u's values
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda u: selective_scan_fn(u, *ts[1:], delta_softplus=True).sum())(ts[0].clone())
+
+
+def test_direct_apply_falls_back_for_setup_context():
+    """A Function with setup_context (which Function.apply treats differently) keeps Function.apply."""
+
+    class WithSetup(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return 2 * x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    assert sst.direct_apply(WithSetup) == WithSetup.apply
+    x = torch.randn(3, requires_grad=True)
+    y = sst.direct_apply(WithSetup)(x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
 @pytest.fixture
 def deterministic():
     """Bitwise comparisons of backward results need the library's deterministic reductions."""

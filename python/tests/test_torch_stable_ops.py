@@ -202,7 +202,7 @@ from selscan._backends import TorchBackend  # noqa: E402
 from reference import interleaved_to_complex, ref_scan, round_to  # noqa: E402
 from test_torch import make as make_scan  # noqa: E402
 
-scan_op = st._scan_op
+scan_op = torch.ops.selscan.scan_fwd.default  # loaded above, also where selscan.torch opted out
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 ITYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -396,7 +396,7 @@ def test_scan_errors_name_the_argument():
         scan_op(*args(z=None), True, False, False, torch.empty(u.shape))
 
 
-scan_grad_op = st._scan_grad_op
+scan_grad_op = torch.ops.selscan.scan_fwd_for_grad.default
 
 
 def counting(monkeypatch):
@@ -523,7 +523,7 @@ def test_scan_cuda_on_the_current_stream():
         same(got, want, what)
 
 
-scan_bwd_op = st._scan_bwd_op
+scan_bwd_op = torch.ops.selscan.scan_bwd.default
 GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
 
 
