@@ -456,8 +456,8 @@ def _new_bwd_plan(dout, u, delta, A, B, C, D, z, bias, x, out, softplus, determi
 # no setup_context and no functorch transform active, all it adds is unwrapping dead functorch wrappers (tensors
 # that escaped a finished transform), through a generator over the arguments, about 7 µs of a training forward's
 # host time on the 2-core machine. direct_apply(cls) calls the entry point with the same unwrapping, and
-# Function.apply itself while a transform is active (where it raises for these Functions) or where this torch
-# lacks any of the pieces.
+# Function.apply itself while a transform is active (where it raises for these Functions), under torch.compile
+# (dynamo knows Function.apply, not the C call) or where this torch lacks any of the pieces.
 _unwrap_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _base_apply = getattr(torch._C, "_FunctionBase", object).__dict__.get("apply")
@@ -478,7 +478,7 @@ def direct_apply(cls):
     uw, active, tensor = _unwrap_dead, _transforms_active, torch.Tensor
 
     def apply(*args):
-        if active():
+        if active() or _is_compiling():  # under torch.compile too: dynamo traces Function.apply, not the C call
             return cls.apply(*args)
         return raw(*[uw(a) if isinstance(a, tensor) else a for a in args])
 
@@ -714,7 +714,7 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
                                     or C.requires_grad or (D is not None and D.requires_grad)
                                     or (z is not None and z.requires_grad)
                                     or (delta_bias is not None and delta_bias.requires_grad)):
-        if _scan_apply is None or _transforms_active():
+        if _scan_apply is None or _transforms_active() or _is_compiling():
             return _ScanFn.apply(u, delta, A, B, C, D, z, delta_bias, softplus, want_last)
         uw = _unwrap_dead
         return _scan_apply(uw(u), uw(delta), uw(A), uw(B), uw(C), None if D is None else uw(D),

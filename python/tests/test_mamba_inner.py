@@ -448,3 +448,21 @@ def test_plan_path_matches_general(monkeypatch, act, L, lvl, bias):
     monkeypatch.setattr(_inner, "_general_forward", general)
     for what, g, w in zip(["out", "out (no grad)"] + [f"d{n}" for n in names], got, want):
         assert g.dtype == w.dtype and torch.equal(g, w), what
+
+
+def test_torch_compile_with_grad_takes_function_apply():
+    """Under torch.compile the autograd call goes through Function.apply, which dynamo traces (the direct C entry
+    point that eager calls take would be a graph break): values and gradients as eager's."""
+    from torch._dynamo.utils import counters
+
+    t = lib_inputs(make(torch.Generator().manual_seed(0)))
+    y0 = call(t)
+    g0 = torch.autograd.grad(y0.square().sum(), [t["xz"], t["A"], t["x_proj_weight"]])
+    t2 = {k: (None if v is None else v.detach().clone().requires_grad_(True)) for k, v in t.items()}
+    counters.clear()
+    y1 = torch.compile(call, backend="aot_eager")(t2)
+    g1 = torch.autograd.grad(y1.square().sum(), [t2["xz"], t2["A"], t2["x_proj_weight"]])
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not [r for r in counters["graph_break"] if "MambaInnerFn" in r], list(counters["graph_break"])
