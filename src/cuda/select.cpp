@@ -83,6 +83,7 @@ Status smem_over_limit(const char* what, size_t need, const DeviceProps& dev) {
 bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::Plan* out) {
   using namespace fwd_ts;
   if (p.is_complex || p.dstate > kS * kMaxTpc) return false;
+  const bool block_mode = p.serving && p.block_size > 0;
   Shape c;
   while (c.tpc * kS < p.dstate) c.tpc *= 2;
   const int64_t warps = p.batch * p.dim * c.tpc / 32;
@@ -104,7 +105,7 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   for (int tt : {32, 16, 8}) {
     // Block mode: block ends (multiples of 16 steps from a context that is one) must fall on the ends of the
     // 16-step pieces a tile runs in (kernels/fwd/ts.cuh).
-    if (p.serving && p.block_size > 0 && tt % fwd_warp::kItemsReal != 0) continue;
+    if (block_mode && tt % fwd_warp::kItemsReal != 0) continue;
     if (tt < vec_elems) break;
     const int64_t vpr = tt / vec_elems;
     if (c.ch * vpr <= threads && p.dstate * vpr <= threads) {
@@ -116,7 +117,7 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   out->shape = c;
   // Block mode at 4 blocks per SM: at 5 its block-end stores spilled in the tile loop (validation/optimisation-log.md).
   const bool many = p.serving || warps > kFwdTsManyWarpsPerSm * dev.sms;
-  out->min_blocks = (many && !(p.serving && p.block_size > 0)) ? kMinBlocksMany : kMinBlocksFew;
+  out->min_blocks = (many && !block_mode) ? kMinBlocksMany : kMinBlocksFew;
   out->blocks = p.batch * p.groups * c.tiles_per_group;
   out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
   return true;
