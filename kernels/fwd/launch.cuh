@@ -49,7 +49,7 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
     return launch_warp<T, true, cuda::fwd_warp::kItemsComplex, false>(p, plan.warp, l);
   } else {
     constexpr int K = cuda::fwd_warp::kItemsReal;
-    // Serving calls on the thread-states kernel: 5 blocks per SM, block mode 4 (the plan's choice).
+    // Serving calls on the thread-states kernel: 4 blocks per SM (the plan's choice).
     const bool ts = plan.kernel == cuda::Kernel::ts;
     if (p.serving && p.block_size > 0) {
       // Block mode: an aligned instance (the thread-states or the warp-scan kernel's, as the plan chose) serves the
@@ -64,7 +64,7 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
       if (s != SELSCAN_STATUS_SUCCESS || p.context_lens.p == nullptr) return s;
       return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
     }
-    if (ts && p.serving) return launch_ts<T, cuda::fwd_ts::kMinBlocksMany, true>(p, plan.ts, l);
+    if (ts && p.serving) return launch_ts<T, cuda::fwd_ts::kMinBlocksFew, true>(p, plan.ts, l);
     if (ts)
       return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
                  ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)

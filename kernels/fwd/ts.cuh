@@ -18,7 +18,7 @@
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
 // end) and last_state are written by the thread that owns the state.
 //
-// kServing: the instances for serving calls (MINB kMinBlocksMany, block mode kMinBlocksFew: src/cuda/select.cpp),
+// kServing: the instances for serving calls (MINB kMinBlocksFew: src/cuda/select.cpp),
 // template parameters so that the dense instances keep their code: one for packed sequences and pools, one for block
 // mode (kBlocks = kBlocksAligned: the sequences whose block ends fall on 16-step boundaries), whose block-end stores
 // and 16-step pieces would otherwise cost the former 7-9% (validation/optimisation-log.md). The first warp looks the

@@ -115,9 +115,10 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   }
   if (c.tt == 0) return false;
   out->shape = c;
-  // Block mode at 4 blocks per SM: at 5 its block-end stores spilled in the tile loop (validation/optimisation-log.md).
-  const bool many = p.serving || warps > kFwdTsManyWarpsPerSm * dev.sms;
-  out->min_blocks = (many && !block_mode) ? kMinBlocksMany : kMinBlocksFew;
+  // Serving calls at 4 blocks per SM: at 5 block mode's block-end stores spilled in the tile loop, and the packed and
+  // pool instance's serving fields cost it 4-12% there (validation/optimisation-log.md).
+  const bool many = !p.serving && warps > kFwdTsManyWarpsPerSm * dev.sms;
+  out->min_blocks = many ? kMinBlocksMany : kMinBlocksFew;
   out->blocks = p.batch * p.groups * c.tiles_per_group;
   out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
   return true;
@@ -225,8 +226,8 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   FwdPlan plan;
   int64_t blocks = 0;
   int per_block = 0;
-  // Serving calls follow the dense rules, in the thread-states kernel's serving instances (5 blocks per SM: a serving
-  // grid is many sequences' blocks; block mode's instance 4, fwd_ts_plan), 1.4-2.3x the warp-scan kernel's
+  // Serving calls follow the dense rules, in the thread-states kernel's serving instances (4 blocks per SM,
+  // fwd_ts_plan), 1.4-2.3x the warp-scan kernel's
   // serving variant on the H200 (validation/gpu-runs.md, run 78). Block mode only with a block size the warp-scan
   // kernel's aligned instance takes (a multiple of its 16 steps per lane): the thread-states kernel serves the
   // sequences that instance would (context a multiple of 16) and the warp-scan unaligned instance the others,
