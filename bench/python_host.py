@@ -8,7 +8,9 @@ For each shape (bf16 inputs, fp32 weights, variable B/C, D, z, delta_bias, softp
              kept busy by a long kernel queued first, so only the Python and C host work is seen
   host inf   the same for one forward without a gradient (inputs not requiring grad, under torch.no_grad())
   host bwd   the same for one torch.autograd.grad over the eight inputs
-  latency    one training forward on an idle GPU: CUDA events around the call (host work and kernel together)
+  latency    per call on an idle GPU, CUDA events around it (host work and kernels together): `fwd` one training
+             forward, `bwd` its autograd.grad over the eight inputs once the forward has finished (the issue's
+             per-call columns); the implementations take turns call by call, medians
   loop       back-to-back forward calls and forward+grad calls: GPU time per call (events around the loop);
              compare with the C benchmark (selscan_bench) rows of the same shapes
 Where the op library selscan_torch_ops loads (built with -DSELSCAN_TORCH_OPS=ON, beside libselscan), the row
@@ -115,17 +117,33 @@ def host_times(cases, calls, reps):
     return {n: tuple(statistics.median(x[i] for x in times[n]) * 1e3 for i in range(3)) for n in names}
 
 
-def latency(fn, args, reps):
+def latency_once(fn, args, dy):
+    """(fwd, bwd) ms of one training forward and then its backward, each started on an idle GPU."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        e0.record()
-        fn(*args, True)
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1))
-    return statistics.median(out)
+    torch.cuda.synchronize()
+    e0.record()
+    y = fn(*args, True)
+    e1.record()
+    e1.synchronize()
+    fwd = e0.elapsed_time(e1)
+    e0.record()
+    torch.autograd.grad(y, args, dy)
+    e1.record()
+    e1.synchronize()
+    return fwd, e0.elapsed_time(e1)
+
+
+def latencies(cases, reps):
+    """{name: (median fwd, median bwd) ms} per (fn, args) of cases, the implementations taking turns call by call
+    (order rotated every repetition), as host_times does, so that a drift of the host weighs on all alike."""
+    names = list(cases)
+    dys = {n: torch.ones_like(cases[n][1][0]) for n in names}
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn, args = cases[n]
+            times[n].append(latency_once(fn, args, dys[n]))
+    return {n: tuple(statistics.median(x[i] for x in times[n]) for i in range(2)) for n in names}
 
 
 def loop_times(fn, args, iters, reps):
@@ -232,7 +250,7 @@ def main():
                "host": [], "loop": [], "xp": {}}
     if args.rows in ("host", "all"):
         print(f"{'shape':>16} {'impl':>14} {'host fwd ms':>12} {'host inf ms':>12} {'host bwd ms':>12} "
-              f"{'latency ms':>11}")
+              f"{'lat fwd ms':>11} {'lat bwd ms':>11}")
         for shape in HOST_SHAPES:
             cases = {}
             for name, fn in impls.items():
@@ -243,13 +261,14 @@ def main():
                     fn(*[t.detach() for t in ts], True)  # the no-grad route's first call
                 cases[name] = (fn, ts)
             host = host_times(cases, 20 if shape[0] * shape[1] * shape[2] > 2**22 else 50, args.reps)
-            for name, (fn, ts) in cases.items():
+            lat = latencies(cases, 9 * args.reps)
+            for name in cases:
                 hf, hi, hb = host[name]
-                lat = latency(fn, ts, 3 * args.reps)  # a training forward, as the host rows
+                lf, lb = lat[name]
                 row = {"shape": "x".join(map(str, shape[:3])) + f":{shape[3]}", "impl": name, "host_fwd_ms": hf,
-                       "host_inf_ms": hi, "host_bwd_ms": hb, "latency_fwd_ms": lat}
+                       "host_inf_ms": hi, "host_bwd_ms": hb, "latency_fwd_ms": lf, "latency_bwd_ms": lb}
                 results["host"].append(row)
-                print(f"{row['shape']:>16} {name:>14} {hf:12.4f} {hi:12.4f} {hb:12.4f} {lat:11.4f}")
+                print(f"{row['shape']:>16} {name:>14} {hf:12.4f} {hi:12.4f} {hb:12.4f} {lf:11.4f} {lb:11.4f}")
     if args.rows in ("loop", "all"):
         print(f"{'shape':>16} {'dtype':>5} {'impl':>14} {'loop fwd ms':>12} {'loop fwd+bwd ms':>16}")
         for *shape, dt in LOOP_SHAPES:
