@@ -2,7 +2,7 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 #        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
-#        serving-ts blocks-profile
+#        serving-ts blocks-profile kprof
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc), CMAKE_ARGS (more options
 #      for the build step's configure, e.g. -DSELSCAN_TORCH_OPS=ON),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
@@ -50,6 +50,9 @@
 #   GpuVarlen* and GpuBlockStates* with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps
 #   each, default 150 s), then gpu_varlen/fwd with the default choice and with SELSCAN_FWD_KERNEL=warp (the warp-scan
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
+# Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
+#   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
+#   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
 # Step `blocks-profile`, not part of all either: ncu on the first forward launch of gpu_varlen's pool and blocks256
 #   rows (skewed32; the thread-states kernel by default, the warp-scan one with SELSCAN_FWD_KERNEL=warp): launch,
 #   speed-of-light, instruction, occupancy and warp-state sections in blocks-profile-<row>.txt, for the block-state
@@ -399,6 +402,34 @@ if named blocks-profile; then
         "$bench" --benchmark_filter="gpu_varlen/fwd_infer/$row/skewed32" --benchmark_min_time=0.001s \
         >"$OUT/blocks-profile-$row.txt" 2>&1
       note "blocks-profile: $row rc=$? (blocks-profile-$row.txt)"
+    done
+  fi
+fi
+
+if named kprof; then
+  # Where the thread-states kernels' instructions go on one benchmark row: ncu's source counters of one launch of
+  # each, exported as SASS with execution counts (kprof-<mode>.csv.gz), the details page (kprof-<mode>-details.txt),
+  # and bench/sass_regions.py's table of instructions per state update by opcode and by loop region
+  # (kprof-<mode>.txt). KPROF_ROW: the row's itype/shape (default bf16/8x1536x2048:16, issue #20's row 1);
+  # KPROF_MODES: mode:kernel pairs (default the inference forward and the backward).
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  krow=${KPROF_ROW:-bf16/8x1536x2048:16}
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -z "$bench" ] || [ -z "$ncu_bin" ]; then
+    note "kprof: needs selscan_bench and ncu"
+  else
+    for spec in ${KPROF_MODES:-fwd_infer:fwd_ts_kernel bwd:bwd_ts_kernel}; do
+      mode=${spec%%:*}; kern=${spec#*:}
+      "$ncu_bin" --clock-control none --section SourceCounters --section InstructionStats --section WarpStateStats \
+        --section SpeedOfLight --section Occupancy --section LaunchStats -k "regex:$kern" -c 1 -f \
+        -o "$OUT/kprof-$mode" "$bench" --benchmark_filter="^gpu/$mode/$krow/" >"$OUT/kprof-$mode-run.log" 2>&1
+      rc=$?
+      "$ncu_bin" --import "$OUT/kprof-$mode.ncu-rep" --page source --csv --print-source sass >"$OUT/kprof-$mode.csv" 2>&1
+      "$ncu_bin" --import "$OUT/kprof-$mode.ncu-rep" --page details >"$OUT/kprof-$mode-details.txt" 2>&1
+      python3 bench/sass_regions.py "$OUT/kprof-$mode.csv" --shape "${krow#*/}" >"$OUT/kprof-$mode.txt" 2>&1
+      note "kprof $mode ($kern, $krow): ncu rc=$rc, $(sed -n 2p "$OUT/kprof-$mode.txt")"
+      gzip -f "$OUT/kprof-$mode.csv"
+      rm -f "$OUT/kprof-$mode.ncu-rep"
     done
   fi
 fi
