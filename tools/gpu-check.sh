@@ -439,7 +439,8 @@ fi
 if named ab; then
   # This tree's benchmark rows beside another tree's: AB_TREE, an export of the other commit inside this tree (e.g.
   # `git archive cand | tar -x -C .cand`, an ignored folder), its selscan_bench built for $ARCH into $BUILD-ab; the two
-  # binaries alternated AB_ROUNDS times (default 3) over AB_FILTER (default the issue #20 table's rows,
+  # binaries alternated AB_ROUNDS times (default 2: one pass over the default rows takes about 90 s on an H200, so
+  # a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows,
   # ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better median of the rounds per row and side, and the ratio,
   # in ab.md. A kernel change is kept when its rows win here and its tests pass on its own commit.
   bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
@@ -452,7 +453,7 @@ if named ab; then
        cmake --build "$BUILD-ab" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
       note "ab: $AB_TREE built ($(( $(date +%s) - t0 )) s)"
       bench_b=$(find "$BUILD-ab" -name 'selscan_bench' -type f -perm -u+x | head -1)
-      for round in $(seq 1 "${AB_ROUNDS:-3}"); do
+      for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         for side in a b; do
           bin=$bench; [ $side = b ] && bin=$bench_b
           "$bin" --benchmark_filter="${AB_FILTER:-^gpu/(fwd|fwd_infer|bwd)/}" --benchmark_repetitions=3 \
