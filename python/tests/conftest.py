@@ -34,6 +34,15 @@ def pytest_report_header(config):
             f"library {selscan.library_path} ({selscan.build_info()})"]
 
 
+def checkout_path(*parts):
+    """A file of the source checkout the tests came from, or a skip naming it (tests copied out of the tree, e.g.
+    to test an installed wheel with nothing else on the path, have no header or examples beside them)."""
+    path = os.path.join(REPO, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"needs the source checkout's {'/'.join(parts)} (not at {path}): run python/tests from a checkout")
+    return path
+
+
 def golden_dir():
     return os.environ.get("SELSCAN_GOLDEN_DIR") or os.path.join(REPO, "tests", "data", "golden")
 

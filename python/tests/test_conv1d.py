@@ -14,7 +14,7 @@ import pytest
 
 import selscan
 from selscan import _lib, _plan
-from conftest import REPO, torch_cuda_skip_reason
+from conftest import REPO, checkout_path, torch_cuda_skip_reason
 
 torch = None
 try:
@@ -217,6 +217,7 @@ int main(void) {
 
 
 def test_struct_layout_and_init_defaults_match_header():
+    checkout_path("include", "selscan", "selscan.h")
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler on PATH to read the header's layout")
