@@ -11,9 +11,7 @@ import pytest
 
 import selscan
 from selscan import _lib
-from conftest import checkout_path
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import REPO, checkout_path
 
 
 def _env():

@@ -13,7 +13,6 @@ pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed (the real-client test needs it)")
 
 
-
 @pytest.mark.skipif(importlib.util.find_spec("transformers.models.mamba") is None,
                     reason="this transformers has no Mamba model")
 def test_generate_matches_the_model_s_own_tokens():
