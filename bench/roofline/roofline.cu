@@ -167,10 +167,76 @@ enum Level : int { kExp = 0, kRec = 1, kOnChip = 2, kStaged = 3, kLibrary = 4 };
 
 // TT steps of kS states of one channel: a = 2^(delta a2), h = a h + B (delta u), y partial = sum_s C h per step.
 // dl_row / du_row: delta and delta*u of the channel; sBk / sCk: the thread's first state of step 0 in [t][N] tiles.
-template <int N, bool kPiped>
+template <int N, bool kPiped, int kC, bool kPack>
 __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_row, const float* sBk, const float* sCk,
-                                           float* y_row, float (&h)[kS], const float (&a2)[kS]) {
-  if constexpr (!kPiped) {
+                                           float* y_row, float (&h)[kC][kS], const float (&a2)[kC][kS]) {
+  static_assert(kC == 1 || !kPiped, "the piped form has one channel a thread");
+  static_assert(!kPack || (kC == 1 && !kPiped), "the packed B/C tile: one channel, plain loop");
+  if constexpr (kPack) {
+    // B and C as raw bf16 in one [t][thread group] tile of 16-byte entries (4 B values, then 4 C values): one
+    // shared-memory read per step instead of two, 8 integer ops to widen them.
+    const uint4* q4 = reinterpret_cast<const uint4*>(sBk);
+#pragma unroll 1
+    for (int t = 0; t < kTT; t += 4) {
+      const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
+      const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
+      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
+      const float du[4] = {du4.x, du4.y, du4.z, du4.w};
+      float y[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 q = q4[(t + j) * (N / kS)];
+        const float bv[kS] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
+                              __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u)};
+        const float cv[kS] = {__uint_as_float(q.z << 16), __uint_as_float(q.z & 0xffff0000u),
+                              __uint_as_float(q.w << 16), __uint_as_float(q.w & 0xffff0000u)};
+        float acc = 0.f;
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          const float a = exp2_fast(dl[j] * a2[0][s]);
+          h[0][s] = fmaf(a, h[0][s], bv[s] * du[j]);
+          acc = fmaf(h[0][s], cv[s], acc);
+        }
+        y[j] = acc;
+      }
+      *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+    }
+  } else if constexpr (kC > 1) {
+    // kC channels of the same states: each B/C float4 read from shared memory serves kC * kS updates (the B/C rows
+    // are shared by every channel of the group), so the loop's shared-memory wavefronts per update fall.
+#pragma unroll 1
+    for (int t = 0; t < kTT; t += 4) {
+      float dl[kC][4], du[kC][4], y[kC][4];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + c * kRow + t);
+        const float4 du4 = *reinterpret_cast<const float4*>(du_row + c * kRow + t);
+        dl[c][0] = dl4.x; dl[c][1] = dl4.y; dl[c][2] = dl4.z; dl[c][3] = dl4.w;
+        du[c][0] = du4.x; du[c][1] = du4.y; du[c][2] = du4.z; du[c][3] = du4.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 bq = *reinterpret_cast<const float4*>(sBk + (t + j) * N);
+        const float4 cq = *reinterpret_cast<const float4*>(sCk + (t + j) * N);
+        const float bv[kS] = {bq.x, bq.y, bq.z, bq.w};
+        const float cv[kS] = {cq.x, cq.y, cq.z, cq.w};
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          float acc = 0.f;
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+            const float a = exp2_fast(dl[c][j] * a2[c][s]);
+            h[c][s] = fmaf(a, h[c][s], bv[s] * du[c][j]);
+            acc = fmaf(h[c][s], cv[s], acc);
+          }
+          y[c][j] = acc;
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+        *reinterpret_cast<float4*>(y_row + c * kRow + t) = make_float4(y[c][0], y[c][1], y[c][2], y[c][3]);
+    }
+  } else if constexpr (!kPiped) {
     // The library's loop (kernels/fwd/ts.cuh, steps()): per step the exponentials, then the chains, 4 steps a pass.
 #pragma unroll 1
     for (int t = 0; t < kTT; t += 4) {
@@ -188,9 +254,9 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
         float acc = 0.f;
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
-          const float a = exp2_fast(dl[j] * a2[s]);
-          h[s] = fmaf(a, h[s], bv[s] * du[j]);
-          acc = fmaf(h[s], cv[s], acc);
+          const float a = exp2_fast(dl[j] * a2[0][s]);
+          h[0][s] = fmaf(a, h[0][s], bv[s] * du[j]);
+          acc = fmaf(h[0][s], cv[s], acc);
         }
         y[j] = acc;
       }
@@ -209,7 +275,7 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int s = 0; s < kS; ++s) e[q + j][s] = exp2_fast(dl[j] * a2[s]);
+          for (int s = 0; s < kS; ++s) e[q + j][s] = exp2_fast(dl[j] * a2[0][s]);
       }
 #pragma unroll
       for (int q = 0; q < kPipe; q += 4) {
@@ -225,8 +291,8 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
           float acc = 0.f;
 #pragma unroll
           for (int s = 0; s < kS; ++s) {
-            h[s] = fmaf(e[q + j][s], h[s], bv[s] * du[j]);
-            acc = fmaf(h[s], cv[s], acc);
+            h[0][s] = fmaf(e[q + j][s], h[0][s], bv[s] * du[j]);
+            acc = fmaf(h[0][s], cv[s], acc);
           }
           y[j] = acc;
         }
@@ -236,18 +302,19 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
   }
 }
 
-// L1, L2 and L3. A block = CH consecutive channels of one batch, TPC = N/4 threads a channel (blockDim = CH*TPC).
-// Per tile of kTT steps: [L3: the next tile's loads issued] recurrence -> y partials in shared memory; barrier;
-// epilogue (partials summed, [D u, gate], bf16 stores); [L2/L3: the next tile staged]; barrier. Shared memory, in
-// floats: delta [CH][kRow], delta*u [CH][kRow], B [kTT][N], C [kTT][N], y partials [threads][kRow].
-template <int N, int Lv, bool kPiped>
+// L1, L2 and L3. A block = CH consecutive channels of one batch, TPC = N/4 threads a channel group of kC channels
+// (blockDim = CH/kC*TPC). Per tile of kTT steps: [L3: the next tile's loads issued] recurrence -> y partials in shared
+// memory; barrier; epilogue (partials summed, [D u, gate], bf16 stores); [L2/L3: the next tile staged]; barrier.
+// Shared memory, in floats: delta [CH][kRow], delta*u [CH][kRow], B [kTT][N], C [kTT][N], y partials
+// [threads*kC][kRow].
+template <int N, int Lv, bool kPiped, int kC = 1, bool kPack = false>
 __device__ __forceinline__ void scan_tiles(const Args& a) {
   constexpr int TPC = N / kS;
   extern __shared__ float4 smem4[];
   float* const sm = reinterpret_cast<float*>(smem4);
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
-  const int CH = nthreads / TPC;
+  const int CH = nthreads / TPC * kC;
   const int64_t tiles_per_batch = a.dim / CH;
   const int64_t b = blockIdx.x / tiles_per_batch;
   const int64_t d0 = (blockIdx.x % tiles_per_batch) * CH;
@@ -257,61 +324,92 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
   float* const sC = sB + kTT * N;
   float* const sY = sC + kTT * N;
 
-  // Recurrence role: states k*kS .. k*kS+3 of channel cc.
+  // Recurrence role: states k*kS .. k*kS+3 of channels cc*kC .. cc*kC+kC-1.
   const int cc = tid / TPC, k = tid % TPC;
-  const int64_t d = d0 + cc;
-  float a2[kS], h[kS];
+  float a2[kC][kS], h[kC][kS];
 #pragma unroll
-  for (int s = 0; s < kS; ++s) {
-    a2[s] = __ldg(a.A + d * N + k * kS + s) * kLog2e;
-    h[s] = 0.f;
-  }
+  for (int c = 0; c < kC; ++c)
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      a2[c][s] = __ldg(a.A + (d0 + cc * kC + c) * N + k * kS + s) * kLog2e;
+      h[c][s] = 0.f;
+    }
 
-  // Staging / epilogue role: vector (qc, steps qt..qt+7) of the [CH][kTT] channel tiles, and of the [N][kTT] B/C tiles
-  // (row qc read as state qc).
-  const int qc = tid / kVpr, qt = (tid % kVpr) * kV;
-  const bool vact = qc < CH, bact = qc < N;
-  const int64_t dq = d0 + (vact ? qc : 0);
-  const float Dd = __ldg(a.Dv + dq), dbias = __ldg(a.bias + dq);
-  const int64_t crow = (b * a.dim + dq) * a.len;              // channel dq's rows of u, delta, z, out, out_z
-  const int64_t brow = (b * N + (bact ? qc : 0)) * a.len;     // state qc's rows of B and C
-  uint4 ru{}, rdt{}, rz{}, rB{}, rC{}, ru_cur{};
+  // Staging / epilogue role: vectors tid + r*nthreads (r < kC) of the [CH][kTT] channel tiles, each (channel qc[r],
+  // steps qt[r]..+7), and vector tid of the [N][kTT] B/C tiles (row qn read as state qn, steps qtb..qtb+7).
+  int qc[kC], qt[kC];
+  bool vact[kC];
+  float Dd[kC], dbias[kC];
+  int64_t crow[kC];  // channel qc[r]'s rows of u, delta, z, out, out_z
+#pragma unroll
+  for (int r = 0; r < kC; ++r) {
+    const int qv = tid + r * nthreads;
+    qc[r] = qv / kVpr;
+    qt[r] = (qv % kVpr) * kV;
+    vact[r] = qc[r] < CH;
+    const int64_t dq = d0 + (vact[r] ? qc[r] : 0);
+    Dd[r] = __ldg(a.Dv + dq);
+    dbias[r] = __ldg(a.bias + dq);
+    crow[r] = (b * a.dim + dq) * a.len;
+  }
+  const int qn = tid / kVpr, qtb = (tid % kVpr) * kV;
+  const bool bact = qn < N;
+  const int64_t brow = (b * N + (bact ? qn : 0)) * a.len;  // state qn's rows of B and C
+  uint4 ru[kC], rdt[kC], rz[kC], ru_cur[kC], rB{}, rC{};
+#pragma unroll
+  for (int r = 0; r < kC; ++r) ru[r] = rdt[r] = rz[r] = ru_cur[r] = uint4{};
 
   const auto prefetch = [&](int64_t t0) {
-    if (vact) {
-      ru = ldg16(a.u + crow + t0 + qt);
-      rdt = ldg16(a.delta + crow + t0 + qt);
-    }
+#pragma unroll
+    for (int r = 0; r < kC; ++r)
+      if (vact[r]) {
+        ru[r] = ldg16(a.u + crow[r] + t0 + qt[r]);
+        rdt[r] = ldg16(a.delta + crow[r] + t0 + qt[r]);
+      }
     if (bact) {
-      rB = ldg16(a.B + brow + t0 + qt);
-      rC = ldg16(a.C + brow + t0 + qt);
+      rB = ldg16(a.B + brow + t0 + qtb);
+      rC = ldg16(a.C + brow + t0 + qtb);
     }
   };
   const auto stage = [&]() {
-    if (vact) {
-      float uu[kV], dl[kV], du[kV];
-      unpack8(ru, uu);
-      unpack8(rdt, dl);
 #pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        dl[j] = softplus(dl[j] + dbias);
-        du[j] = dl[j] * uu[j];
-      }
+    for (int r = 0; r < kC; ++r)
+      if (vact[r]) {
+        float uu[kV], dl[kV], du[kV];
+        unpack8(ru[r], uu);
+        unpack8(rdt[r], dl);
 #pragma unroll
-      for (int j = 0; j < kV; j += 4) {
-        *reinterpret_cast<float4*>(sDl + qc * kRow + qt + j) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
-        *reinterpret_cast<float4*>(sDu + qc * kRow + qt + j) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
+        for (int j = 0; j < kV; ++j) {
+          dl[j] = softplus(dl[j] + dbias[r]);
+          du[j] = dl[j] * uu[j];
+        }
+#pragma unroll
+        for (int j = 0; j < kV; j += 4) {
+          *reinterpret_cast<float4*>(sDl + qc[r] * kRow + qt[r] + j) = make_float4(dl[j], dl[j + 1], dl[j + 2], dl[j + 3]);
+          *reinterpret_cast<float4*>(sDu + qc[r] * kRow + qt[r] + j) = make_float4(du[j], du[j + 1], du[j + 2], du[j + 3]);
+        }
+        ru_cur[r] = ru[r];
       }
-      ru_cur = ru;
-    }
     if (bact) {
-      float v[kV];
-      unpack8(rB, v);
+      if constexpr (kPack) {
+        // entry (t, qn / 4): 4 B values then 4 C values, raw bf16
+        uint16_t* const s16 = reinterpret_cast<uint16_t*>(sB);
+        const uint32_t wb[4] = {rB.x, rB.y, rB.z, rB.w}, wc[4] = {rC.x, rC.y, rC.z, rC.w};
 #pragma unroll
-      for (int j = 0; j < kV; ++j) sB[(qt + j) * N + qc] = v[j];
-      unpack8(rC, v);
+        for (int j = 0; j < kV; ++j) {
+          const int e = ((qtb + j) * (N / kS) + qn / kS) * 8 + qn % kS;
+          s16[e] = static_cast<uint16_t>(wb[j / 2] >> (16 * (j % 2)));
+          s16[e + 4] = static_cast<uint16_t>(wc[j / 2] >> (16 * (j % 2)));
+        }
+      } else {
+        float v[kV];
+        unpack8(rB, v);
 #pragma unroll
-      for (int j = 0; j < kV; ++j) sC[(qt + j) * N + qc] = v[j];
+        for (int j = 0; j < kV; ++j) sB[(qtb + j) * N + qn] = v[j];
+        unpack8(rC, v);
+#pragma unroll
+        for (int j = 0; j < kV; ++j) sC[(qtb + j) * N + qn] = v[j];
+      }
     }
   };
 
@@ -331,14 +429,17 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
     }
   } else if constexpr (Lv == kOnChip) {
     // The raw bf16 vectors L3 would load, for step t mod kTT: made once, staged anew every tile.
-    if (vact) {
-      ru = gen_vec(kTU, static_cast<uint32_t>(b), static_cast<uint32_t>(dq), qt);
-      rdt = gen_vec(kTDelta, static_cast<uint32_t>(b), static_cast<uint32_t>(dq), qt);
-      rz = gen_vec(kTZ, static_cast<uint32_t>(b), static_cast<uint32_t>(dq), qt);
-    }
+#pragma unroll
+    for (int r = 0; r < kC; ++r)
+      if (vact[r]) {
+        const uint32_t dq = static_cast<uint32_t>(d0 + qc[r]);
+        ru[r] = gen_vec(kTU, static_cast<uint32_t>(b), dq, qt[r]);
+        rdt[r] = gen_vec(kTDelta, static_cast<uint32_t>(b), dq, qt[r]);
+        rz[r] = gen_vec(kTZ, static_cast<uint32_t>(b), dq, qt[r]);
+      }
     if (bact) {
-      rB = gen_vec(kTB, static_cast<uint32_t>(b), qc, qt);
-      rC = gen_vec(kTC, static_cast<uint32_t>(b), qc, qt);
+      rB = gen_vec(kTB, static_cast<uint32_t>(b), qn, qtb);
+      rC = gen_vec(kTC, static_cast<uint32_t>(b), qn, qtb);
     }
     stage();
   } else {
@@ -352,29 +453,39 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
     __syncthreads();  // the staged tile is visible; the previous epilogue is done with the y partials
     if constexpr (Lv == kStaged) {
       if (it + 1 < ntiles) prefetch(t0 + kTT);
-      if (vact) rz = ldg16(a.z + crow + t0 + qt);
+#pragma unroll
+      for (int r = 0; r < kC; ++r)
+        if (vact[r]) rz[r] = ldg16(a.z + crow[r] + t0 + qt[r]);
     } else if constexpr (Lv == kOnChip) {
-      opaque(ru);
-      opaque(rdt);
-      opaque(rz);
+#pragma unroll
+      for (int r = 0; r < kC; ++r) {
+        opaque(ru[r]);
+        opaque(rdt[r]);
+        opaque(rz[r]);
+      }
       opaque(rB);
       opaque(rC);
     }
-    recurrence<N, kPiped>(sDl + cc * kRow, sDu + cc * kRow, sB + k * kS, sC + k * kS, sY + tid * kRow, h, a2);
+    recurrence<N, kPiped, kC, kPack>(sDl + cc * kC * kRow, sDu + cc * kC * kRow, kPack ? sB + k * 4 : sB + k * kS,
+                                     sC + k * kS, sY + tid * kC * kRow, h, a2);
     __syncthreads();  // the y partials are complete; the staged tile is no longer read
-    if (vact) {
+#pragma unroll
+    for (int r = 0; r < kC; ++r) {
+      if (!vact[r]) continue;
       float y[kV];
       if constexpr (Lv == kRec) {
 #pragma unroll
         for (int j = 0; j < kV; ++j) y[j] = -0.f;  // -0 + x == x exactly, so the first add folds away (+0 does not)
       } else {
-        unpack8(ru_cur, y);
+        unpack8(ru_cur[r], y);
 #pragma unroll
-        for (int j = 0; j < kV; ++j) y[j] *= Dd;
+        for (int j = 0; j < kV; ++j) y[j] *= Dd[r];
       }
+      // channel qc's partials: the TPC threads of its group, slot qc % kC of each
+      const int grp = qc[r] / kC, slot = qc[r] % kC;
 #pragma unroll
       for (int kk = 0; kk < TPC; ++kk) {
-        const float* yr = sY + (qc * TPC + kk) * kRow + qt;
+        const float* yr = sY + ((grp * TPC + kk) * kC + slot) * kRow + qt[r];
 #pragma unroll
         for (int j = 0; j < kV; j += 4) {
           const float4 v = *reinterpret_cast<const float4*>(yr + j);
@@ -384,11 +495,11 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
           y[j + 3] += v.w;
         }
       }
-      const int64_t o = crow + t0 + qt;
+      const int64_t o = crow[r] + t0 + qt[r];
       if constexpr (Lv != kOnChip) st16(a.out + o, pack8(y));
       if constexpr (Lv != kRec) {
         float zz[kV];
-        unpack8(rz, zz);
+        unpack8(rz[r], zz);
 #pragma unroll
         for (int j = 0; j < kV; ++j) zz[j] = y[j] * silu(zz[j]);
         st16(a.out_z + o, pack8(zz));
@@ -424,6 +535,25 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_plain
 template <int N>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_piped(const Args a) {
   scan_tiles<N, kStaged, true>(a);
+}
+// Two channels a thread (recurrence() says why), at 128 registers and at 168 (3 blocks of 128 threads per SM: the
+// grid of the issue's row holds 5.8 warps per SM at two channels a thread, so fewer blocks fit no worse).
+template <int N>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_rec_2ch(const Args a) {
+  scan_tiles<N, kRec, false, 2>(a);
+}
+template <int N>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_2ch_r128(const Args a) {
+  scan_tiles<N, kStaged, false, 2>(a);
+}
+template <int N>
+__global__ void __launch_bounds__(kMaxThreads, 3) roofline_staged_2ch_r168(const Args a) {
+  scan_tiles<N, kStaged, false, 2>(a);
+}
+// One channel a thread, B and C kept as raw bf16 in one tile (recurrence() says why).
+template <int N>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcpack(const Args a) {
+  scan_tiles<N, kStaged, false, 1, true>(a);
 }
 
 // L0: kExpChains chains x <- 2^-x per thread (x stays in [0.5, 1]: no denormal, no overflow), each result also
@@ -1008,11 +1138,18 @@ int main(int argc, char** argv) {
     return a;
   };
   using Kern = void (*)(const Args);
-  const auto tiles = [&](Kern k) {
+  // kc channels a thread: the same threads per block, kc times the channels, 1/kc of the blocks.
+  const auto tiles = [&](Kern k, int kc = 1) {
+    const int64_t nb = blocks / kc;
+    const size_t sm = sizeof(float) * static_cast<size_t>(2 * CH * kc * kRow + 2 * kTT * N + threads * kc * kRow);
+    if (sm > 48 * 1024)  // above 48 KB a kernel needs the opt-in
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sm)),
+         "cudaFuncSetAttribute(shared memory)");
     return [=, &args_of](const Set& st, cudaStream_t s) {
-      k<<<static_cast<unsigned>(blocks), threads, smem, s>>>(args_of(st));
+      k<<<static_cast<unsigned>(nb), threads, sm, s>>>(args_of(st));
     };
   };
+  const bool two_ch = S.dim % (2 * CH) == 0;
   const bool n16 = N == 16;
   const int64_t iters = S.len * kS / kExpChains;
   std::vector<LevelDef> defs;
@@ -1037,6 +1174,20 @@ int main(int argc, char** argv) {
                   tiles(n16 ? roofline_staged_plain<16> : roofline_staged_plain<32>), true, true, staged_bytes});
   defs.push_back({kStaged, "L3 staged piped", "roofline_staged_piped", "as L3 plain with the piped recurrence",
                   tiles(n16 ? roofline_staged_piped<16> : roofline_staged_piped<32>), true, true, staged_bytes});
+  if (two_ch) {
+    defs.push_back({kRec, "L1 rec 2ch", "roofline_rec_2ch",
+                    "as L1 plain, two channels a thread (half the threads; each B/C read serves 8 updates)",
+                    tiles(n16 ? roofline_rec_2ch<16> : roofline_rec_2ch<32>, 2), true, false, io_bytes + params});
+    defs.push_back({kStaged, "L3 staged 2ch", "roofline_staged_2ch_r128", "as L3 plain, two channels a thread",
+                    tiles(n16 ? roofline_staged_2ch_r128<16> : roofline_staged_2ch_r128<32>, 2), true, true, staged_bytes});
+    defs.push_back({kStaged, "L3 2ch r168", "roofline_staged_2ch_r168",
+                    "as L3 2ch at up to 168 registers (launch bounds 3 blocks of 128)",
+                    tiles(n16 ? roofline_staged_2ch_r168<16> : roofline_staged_2ch_r168<32>, 2), true, true,
+                    staged_bytes});
+  }
+  defs.push_back({kStaged, "L3 bcpack", "roofline_staged_bcpack",
+                  "as L3 plain, B and C raw bf16 in one shared tile (one 16-byte read a step)",
+                  tiles(n16 ? roofline_staged_bcpack<16> : roofline_staged_bcpack<32>), true, true, staged_bytes});
   defs.push_back({kLibrary, "L4 library", "fwd_ts_kernel|fwd_warp_kernel",
                   "selscan_fwd (C ABI): out, out_z, last_state; the kernel the library chooses",
                   [&](const Set& st, cudaStream_t) {
