@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../common/launch.cuh"
 #include "cuda/launch.h"
 #include "cuda/plans.h"
@@ -35,11 +37,27 @@ Status launch_warp(const Problem& p, const cuda::fwd_warp::Plan& w, const cuda::
 
 // The thread-states forward with its launch-bounds variant (kServing: its instances for serving calls, kBlocks: the
 // block-mode one).
-template <typename T, int kMinBlocks, bool kServing = false, int kBlocks = kNoBlocks>
+template <typename T, int kMinBlocks, bool kServing = false, int kBlocks = kNoBlocks, bool kPackBC = false>
 Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   static SmemLimit limit;
-  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing, kBlocks>, limit, t.blocks, t.shape.ch * t.shape.tpc,
-                       t.smem, l, p, t.shape);
+  return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing, kBlocks, kPackBC>, limit, t.blocks,
+                       t.shape.ch * t.shape.tpc, t.smem, l, p, t.shape);
+}
+
+// The dense thread-states forward at the plan's launch-bounds variant; bf16 with variable B and C takes the instance
+// with the packed B/C tile (kernels/fwd/ts.cuh, steps_packed). fp16's packed instance spilled in ptxas at 128
+// registers where bf16's does not, so fp16 keeps the float tiles until a GPU measurement says otherwise.
+template <typename T>
+Status launch_ts_dense(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
+  using cuda::fwd_ts::kMinBlocksFew;
+  using cuda::fwd_ts::kMinBlocksMany;
+  const bool many = t.min_blocks == kMinBlocksMany;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (p.var_B && p.var_C)
+      return many ? launch_ts<T, kMinBlocksMany, false, kNoBlocks, true>(p, t, l)
+                  : launch_ts<T, kMinBlocksFew, false, kNoBlocks, true>(p, t, l);
+  }
+  return many ? launch_ts<T, kMinBlocksMany>(p, t, l) : launch_ts<T, kMinBlocksFew>(p, t, l);
 }
 
 template <typename T, bool kComplex>
@@ -65,10 +83,7 @@ Status launch_typed(const Problem& p, const cuda::FwdPlan& plan, const cuda::Lau
       return launch_warp<T, false, K, true, kBlocksUnaligned>(p, plan.warp, l);
     }
     if (ts && p.serving) return launch_ts<T, cuda::fwd_ts::kMinBlocksFew, true>(p, plan.ts, l);
-    if (ts)
-      return plan.ts.min_blocks == cuda::fwd_ts::kMinBlocksMany
-                 ? launch_ts<T, cuda::fwd_ts::kMinBlocksMany>(p, plan.ts, l)
-                 : launch_ts<T, cuda::fwd_ts::kMinBlocksFew>(p, plan.ts, l);
+    if (ts) return launch_ts_dense<T>(p, plan.ts, l);
     if (p.serving) return launch_warp<T, false, K, true>(p, plan.warp, l);
     return launch_warp<T, false, K, false>(p, plan.warp, l);
   }

@@ -12,7 +12,8 @@
 // channel. Time runs in tiles of TT steps; per tile:
 //   stage   : u/delta of the block's channels -> delta' = softplus(delta + bias) and delta'*u in shared memory
 //             (one 16-byte vector per thread and tensor, loaded during the previous tile's compute), variable B/C
-//             rows -> shared memory transposed to [t][n], so a thread reads its kS states of a step as one float4;
+//             rows -> shared memory transposed to [t][n], so a thread reads its kS states of a step as one float4
+//             (bf16 dense calls with both variable: one raw tile, B and C of a step in one 16-byte read; steps_packed);
 //   compute : each thread advances its kS states TT steps and writes its partial y (sum over its states) per step;
 //   epilogue: y = sum of the TPC partials + D u, out and out_z = y silu(z), as 16-byte vectors.
 // Two barriers per tile. Chunk states x (upstream layout: running product P and scanned state H at each chunk
@@ -30,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
@@ -110,6 +112,63 @@ __device__ __forceinline__ void steps_any(bool var_B, bool var_C, int tt, const 
   }
 }
 
+// Variable B and C of a 16-bit itype, kept raw in one tile: the entry of (step t, thread k of a channel) is 16 bytes,
+// the thread's 4 states of B then of C, at entry pk_entry(t, tpc) + k. Why: the state loop is bound by shared-memory
+// wavefronts as much as by the exponentials (a warp's 16-byte read costs 4 wavefronts whatever it broadcasts), and one
+// read a step instead of two (B, C as floats) halves them for 8 integer instructions (the roofline's L3 bcpack: -8%).
+// Each 8-step group of entries starts two entries after the previous group's end: a warp's 16-bit staging stores
+// (4 groups x 2 entries of states at tpc 4) then fall on 8 different banks instead of sharing 2 (a 4-way conflict).
+__device__ __forceinline__ int pk_entry(int t, int tpc) { return t * tpc + (t >> 3) * 2; }
+static_assert((32 / 8) * 2 * 4 <= kBcPad, "the packed tile's group shift fits the B/C tile's padding (floats)");
+
+// 4 raw 16-bit values (two 32-bit words, low half first) as floats: exact for both itypes.
+template <typename T>
+__device__ __forceinline__ void widen4(uint32_t w0, uint32_t w1, float (&v)[kS]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w0));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&w1));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  } else {
+    v[0] = __uint_as_float(w0 << 16);
+    v[1] = __uint_as_float(w0 & 0xffff0000u);
+    v[2] = __uint_as_float(w1 << 16);
+    v[3] = __uint_as_float(w1 & 0xffff0000u);
+  }
+}
+
+// steps() for variable B and C in the packed tile (pk: the thread's entry of step 0; tt a multiple of 8 from a
+// group start).
+template <typename T>
+__device__ __forceinline__ void steps_packed(int tt, const float* dl_row, const float* du_row, const uint4* pk, int tpc,
+                                             float* y_row, float (&h)[kS], const float (&a2)[kS], bool want_sum,
+                                             float& dsum) {
+  for (int t = 0; t < tt; t += 4) {
+    const uint4* pt = pk + pk_entry(t, tpc);
+    const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
+    const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
+    const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
+    const float du[4] = {du4.x, du4.y, du4.z, du4.w};
+    float y[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 q = pt[j * tpc];
+      float bv[kS], cv[kS];
+      widen4<T>(q.x, q.y, bv);
+      widen4<T>(q.z, q.w, cv);
+      float acc = 0.f;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const float a = exp2_fast(dl[j] * a2[s]);
+        h[s] = fmaf(a, h[s], bv[s] * du[j]);
+        acc = fmaf(h[s], cv[s], acc);
+      }
+      y[j] = acc;
+    }
+    *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+    if (want_sum) dsum += (dl[0] + dl[1]) + (dl[2] + dl[3]);
+  }
+}
+
 // The fields of a serving call's sequence (Seq) the kernel reads, in static shared memory. init and fin: its start and
 // end states, at element d * s[1] + n * s[2] with the strides of ssm_states for a pool, else of h0 and last_state.
 struct SeqFields {
@@ -125,14 +184,18 @@ constexpr int kSeqOther = -1;
 
 // MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
 // loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
-template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks>
+// kPackBC: the instance for dense calls of a 16-bit itype with variable B and C (steps_packed); an instance of its
+// own, since the float B/C paths beside it in one kernel cost the 128-register variant spills in the tile loop.
+template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks, bool kPackBC = false>
 __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
   static_assert(kBlocks == kNoBlocks || (kServing && kBlocks == kBlocksAligned), "block mode: serving, aligned");
+  static_assert(!kPackBC || (sizeof(T) == 2 && !kServing), "the packed B/C tile: dense calls, 16-bit itypes");
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   // The 16-bit variant at MINB 4 (128 registers) is register-starved: the branch-free softplus (more live values while
   // 8 are converted) and the B/C group shift (an address term in the state loop) each measured slower there, while
-  // the other variants gained from both. So it keeps the serial softplus and no shift.
-  constexpr bool kLean = sizeof(T) == 2 && MINB == 4;
+  // the other variants gained from both. So it keeps the serial softplus and no shift. The packed instance has the
+  // registers for the branch-free one (no spills) and measured faster with it (validation/optimisation-log.md).
+  constexpr bool kLean = sizeof(T) == 2 && MINB == 4 && !kPackBC;
   constexpr int VS = kLean ? 0 : (V == 8 ? 3 : 2);  // log2(V), or 0: no B/C group shift
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
   extern __shared__ float4 smem4[];
@@ -152,7 +215,11 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const int64_t b = blk / p.groups;
   const int64_t c0 = tile * CH;  // first channel of the block within the group
   const int nch = static_cast<int>(cpg - c0 < CH ? cpg - c0 : CH);
-  const bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+  bool var_B = p.var_B, var_C = p.var_C, fold_B = p.fold_B;
+  if constexpr (kPackBC) {  // the packed instance serves variable B and C only (kernels/fwd/launch.cuh)
+    var_B = var_C = true;
+    fold_B = false;
+  }
   // The sequence's length: a dense call's seqlen (a kernel parameter), a serving call's read from shared memory.
   __shared__ SeqFields sq;
   const int64_t L = p.seqlen;
@@ -298,6 +365,19 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       }
       if constexpr (!kUdInSmem) ru_cur = ru;
     }
+    if constexpr (kPackBC) {
+      if (B_row != nullptr) {  // C_row too (both variable, the same state row)
+        unsigned short* const e16 = reinterpret_cast<unsigned short*>(sB) + qn % kS;
+        const uint32_t wb[4] = {rB.x, rB.y, rB.z, rB.w}, wc[4] = {rC.x, rC.y, rC.z, rC.w};
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const int e = (pk_entry(qt + j, TPC) + qn / kS) * 8;  // 8 halves an entry: 4 of B, then 4 of C
+          e16[e] = static_cast<unsigned short>(wb[j / 2] >> (16 * (j % 2)));
+          e16[e + kS] = static_cast<unsigned short>(wc[j / 2] >> (16 * (j % 2)));
+        }
+      }
+      return;
+    }
     float v[V];
     if (B_row != nullptr) {
       unpack16<T>(rB, v);
@@ -359,7 +439,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
             }
           }
         }
-      } else {  // the tile in one piece
+      } else if constexpr (kPackBC) {  // the tile in one piece
+        steps_packed<T>(TT, dl_row, du_row, reinterpret_cast<const uint4*>(sB) + k, TPC, y_row, h, a2, want_x, dsum);
+      } else {
         steps_any<VS>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
