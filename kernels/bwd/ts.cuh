@@ -41,6 +41,7 @@
 
 namespace selscan::kern::bwd::ts {
 
+using cuda::bwd_ts::kBcPitch;
 using cuda::bwd_ts::kMaxTpc;
 using cuda::bwd_ts::kS;
 using cuda::bwd_ts::Layout;
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   float4* myck = ck + static_cast<int64_t>(blockIdx.x) * pl.ntc * NT + tid;  // [tile][NT]
 
   // Padded state columns (n >= N) of sB/sC stay 0: staging writes only n < N.
-  for (int i = tid; i < 2 * kTT * NP; i += NT) sB[i] = 0.f;  // sB and sC are adjacent
+  for (int i = tid; i < 2 * kTT * kBcPitch; i += NT) sB[i] = 0.f;  // sB and sC are adjacent
 
   for (int64_t item = blockIdx.x; item < pl.items; item += gridDim.x) {
     const int64_t tile = item % pl.tiles;
@@ -234,8 +235,12 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       cp_async_commit();
     };
 
-    // ---- conversion of the landed raw tile (softplus, the z gate, dz, out_z) into float rows
-    const auto prep = [&](int64_t t0, bool full) {
+    // Steps of the tile at t0 (< L) that lie inside L, at most kTT. For s < kTT, t0 + s < L exactly when
+    // s < tile_rem(t0), so a per-element test is a 32-bit compare against one block-uniform count.
+    const auto tile_rem = [&](int64_t t0) { return static_cast<int>(L - t0 < kTT ? L - t0 : kTT); };
+
+    // ---- conversion of the landed raw tile (softplus, the z gate, dz, out_z) into float rows; rem = tile_rem(t0)
+    const auto prep = [&](int64_t t0, int rem, bool full) {
       for (int it = tid; it < kCh * kGrp; it += NT) {
         int c, q;
         item_at(it, c, q);
@@ -257,7 +262,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const bool ok = cok && t0 + tl + j < L;
+          const bool ok = cok && tl + j < rem;
           float v = dl[j] + bias;
           sp[j] = 1.f;
           if (p.softplus) v = softplus(v, full ? &sp[j] : nullptr);
@@ -299,16 +304,16 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         if (isC) n -= nB;
         float v[4];
         raw4<T>(raw + ((5 * kCh + (isC ? NP : 0) + n) * kTT + tl) * isz, v);
-        float* dstp = (isC ? sC : sB) + tl * NP + n;
+        float* dstp = (isC ? sC : sB) + tl * kBcPitch + n;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dstp[j * NP] = v[j];
+        for (int j = 0; j < 4; ++j) dstp[j * kBcPitch] = v[j];
       }
     };
 
     // B of this thread's states at step j of the staged tile (variable: shared memory; constant: bc).
     const auto b_at = [&](auto vb_tag, int j, const float (&bc)[kS], float (&bv)[kS]) {
       if constexpr (decltype(vb_tag)::value) {
-        const float4 q = ld4(sB + j * NP + k * kS);
+        const float4 q = ld4(sB + j * kBcPitch + k * kS);
         bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
       } else {
 #pragma unroll
@@ -379,7 +384,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           float bv[kS], cv[kS];
           b_at(vb_tag, j, bc, bv);
           if constexpr (VC) {
-            const float4 q = ld4(sC + j * NP + k * kS);
+            const float4 q = ld4(sC + j * kBcPitch + k * kS);
             cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
           } else {
 #pragma unroll
@@ -521,7 +526,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       for (int i = 0; i + 1 < nt; ++i) {
         cp_async_wait_all();
         __syncthreads();
-        prep(cs + static_cast<int64_t>(i) * kTT, false);
+        prep(cs + static_cast<int64_t>(i) * kTT, kTT, false);  // never the chunk's last tile: all kTT steps in L
         __syncthreads();
         if (i + 2 < nt) issue(cs + static_cast<int64_t>(i + 1) * kTT, false);
         else issue(cs + static_cast<int64_t>(nt - 1) * kTT, true);
@@ -534,7 +539,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         const int64_t t0 = cs + static_cast<int64_t>(i) * kTT;
         cp_async_wait_all();
         __syncthreads();
-        prep(t0, true);
+        prep(t0, tile_rem(t0), true);
         __syncthreads();
         if (i > 0) issue(t0 - kTT, true);
         const float4 hin = myck[static_cast<int64_t>(i) * NT];

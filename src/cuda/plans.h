@@ -162,6 +162,9 @@ constexpr int kRow = kTT + 4;   // padded per-channel row of floats: float4-alig
 constexpr int kRedSlot = 32 * 8 + 8;
 constexpr int kRedWarp = 4 * kRedSlot;
 constexpr int kMaxGrid = 1024;  // persistent grid cap; bounds the checkpoint workspace
+// Row pitch of the variable B/C tiles in shared memory: the widest block's states at every tpc, so the kernel's
+// per-step reads are fixed offsets from one base instead of run-time multiples of tpc (columns past tpc * kS unused).
+constexpr int kBcPitch = kMaxTpc * kS;
 
 // Shared-memory layout in floats (host and device agree).
 struct Layout {
@@ -176,8 +179,8 @@ SELSCAN_HD inline Layout layout(int tpc, int isz) {
   l.dt = o; o += ch;   // dout after the z gate
   l.u = o; o += ch;    // u
   l.sp = o; o += ch;   // d softplus / d delta (1 without softplus)
-  l.sB = o; o += kTT * np;  // variable B, C as float [t][state]
-  l.sC = o; o += kTT * np;
+  l.sB = o; o += kTT * kBcPitch;  // variable B, C as float [t][state], rows kBcPitch apart
+  l.sC = o; o += kTT * kBcPitch;
   l.gu = o; o += tpc * ch;  // per warp: sum over its states of dh B      [warp][ch][kRow]
   l.aq = o; o += tpc * ch;  // per warp: sum over its states of A dh ā h(t-1)
   l.red = o; o += tpc * kRedWarp;    // per warp: four steps of 8 dB/dC values per lane (red_at)
