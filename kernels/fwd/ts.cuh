@@ -52,16 +52,13 @@ using Cfg = cuda::fwd_ts::Shape;  // the launch shape (src/cuda/plans.h)
 // register-starved variant, see fwd_ts_kernel). Rows stay 16-byte aligned.
 __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (vs ? (t >> vs) << 3 : 0); }
 
-// The compute phase: kS states of one channel over TT steps (TT a multiple of 4). VB/VC: variable B/C read from
-// shared memory (sBk/sCk point at the thread's first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold
-// the constants. For constant B with variable C, `cc` multiplies C (the folded B of upstream's convention, or 1).
-template <bool VB, bool VC, int VS>
-__device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
-                                      const float* sCk, int np, float* y_row, float (&h)[kS],
-                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
-                                      bool want_sum, float& dsum) {
+// The state loop: kS states of one channel over tt steps (a multiple of 4), B and C of step t + j as floats from
+// bc(t, j, bv, cv) (t the first of 4 steps), y partials per step into y_row, the delta sum for chunk states if asked.
+template <typename BcAt>
+__device__ __forceinline__ void state_loop(int tt, const float* dl_row, const float* du_row, float* y_row,
+                                           float (&h)[kS], const float (&a2)[kS], bool want_sum, float& dsum,
+                                           const BcAt& bc) {
   for (int t = 0; t < tt; t += 4) {
-    const int pad = bc_row(t, VS, np) - t * np;  // the same for the 4 steps (4 divides V)
     const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
     const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
     const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
@@ -70,31 +67,50 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float bv[kS], cv[kS];
-      if constexpr (VB) {
-        const float4 q = *reinterpret_cast<const float4*>(sBk + (t + j) * np + pad);
-        bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
-      }
-      if constexpr (VC) {
-        const float4 q = *reinterpret_cast<const float4*>(sCk + (t + j) * np + pad);
-        cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
-        if constexpr (!VB) {
-#pragma unroll
-          for (int s = 0; s < kS; ++s) cv[s] *= cc[s];
-        }
-      }
+      bc(t, j, bv, cv);
       float acc = 0.f;
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
         const float a = exp2_fast(dl[j] * a2[s]);
-        const float bb = (VB ? bv[s] : bs[s]) * du[j];
-        h[s] = fmaf(a, h[s], bb);
-        acc = fmaf(h[s], VC ? cv[s] : cc[s], acc);
+        h[s] = fmaf(a, h[s], bv[s] * du[j]);
+        acc = fmaf(h[s], cv[s], acc);
       }
       y[j] = acc;
     }
     *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
     if (want_sum) dsum += (dl[0] + dl[1]) + (dl[2] + dl[3]);
   }
+}
+
+// The compute phase with float B/C tiles. VB/VC: variable B/C read from shared memory (sBk/sCk point at the thread's
+// first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold the constants. For constant B with variable
+// C, `cc` multiplies C (the folded B of upstream's convention, or 1).
+template <bool VB, bool VC, int VS>
+__device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
+                                      const float* sCk, int np, float* y_row, float (&h)[kS],
+                                      const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
+                                      bool want_sum, float& dsum) {
+  state_loop(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+    const int pad = bc_row(t, VS, np) - t * np;  // the same for the 4 steps (4 divides V)
+    if constexpr (VB) {
+      const float4 q = *reinterpret_cast<const float4*>(sBk + (t + j) * np + pad);
+      bv[0] = q.x; bv[1] = q.y; bv[2] = q.z; bv[3] = q.w;
+    } else {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) bv[s] = bs[s];
+    }
+    if constexpr (VC) {
+      const float4 q = *reinterpret_cast<const float4*>(sCk + (t + j) * np + pad);
+      cv[0] = q.x; cv[1] = q.y; cv[2] = q.z; cv[3] = q.w;
+      if constexpr (!VB) {
+#pragma unroll
+        for (int s = 0; s < kS; ++s) cv[s] *= cc[s];
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) cv[s] = cc[s];
+    }
+  });
 }
 
 // steps() with its variable-B/C form chosen at run time (uniform across the block).
@@ -136,37 +152,17 @@ __device__ __forceinline__ void widen4(uint32_t w0, uint32_t w1, float (&v)[kS])
   }
 }
 
-// steps() for variable B and C in the packed tile (pk: the thread's entry of step 0; tt a multiple of 8 from a
-// group start).
+// The compute phase for variable B and C in the packed tile (pk: the thread's entry of step 0; tt a multiple of 8 from
+// a group start).
 template <typename T>
 __device__ __forceinline__ void steps_packed(int tt, const float* dl_row, const float* du_row, const uint4* pk, int tpc,
                                              float* y_row, float (&h)[kS], const float (&a2)[kS], bool want_sum,
                                              float& dsum) {
-  for (int t = 0; t < tt; t += 4) {
-    const uint4* pt = pk + pk_entry(t, tpc);
-    const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
-    const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
-    const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
-    const float du[4] = {du4.x, du4.y, du4.z, du4.w};
-    float y[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 q = pt[j * tpc];
-      float bv[kS], cv[kS];
-      widen4<T>(q.x, q.y, bv);
-      widen4<T>(q.z, q.w, cv);
-      float acc = 0.f;
-#pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        const float a = exp2_fast(dl[j] * a2[s]);
-        h[s] = fmaf(a, h[s], bv[s] * du[j]);
-        acc = fmaf(h[s], cv[s], acc);
-      }
-      y[j] = acc;
-    }
-    *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
-    if (want_sum) dsum += (dl[0] + dl[1]) + (dl[2] + dl[3]);
-  }
+  state_loop(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+    const uint4 q = pk[pk_entry(t, tpc) + j * tpc];  // t + j is in t's 8-step group
+    widen4<T>(q.x, q.y, bv);
+    widen4<T>(q.z, q.w, cv);
+  });
 }
 
 // The fields of a serving call's sequence (Seq) the kernel reads, in static shared memory. init and fin: its start and
