@@ -130,8 +130,8 @@ __device__ __forceinline__ void steps_any(bool var_B, bool var_C, int tt, const 
 
 // Variable B and C of a 16-bit itype, kept raw in one tile: the entry of (step t, thread k of a channel) is 16 bytes,
 // the thread's 4 states of B then of C, at entry pk_entry(t, tpc) + k. Why: the state loop is bound by shared-memory
-// wavefronts as much as by the exponentials (a warp's 16-byte read costs 4 wavefronts whatever it broadcasts), and one
-// read a step instead of two (B, C as floats) halves them for 8 integer instructions (the roofline's L3 bcpack: -8%).
+// wavefronts as much as by the exponentials (a warp's 16-byte read of its 4 threads' entries took 4 wavefronts in ncu,
+// for 64 distinct bytes), and one read a step instead of two (B, C as floats) halves them for 8 integer instructions (the roofline's L3 bcpack: -8%).
 // Each 8-step group of entries starts two entries after the previous group's end: a warp's 16-bit staging stores
 // (4 groups x 2 entries of states at tpc 4) then fall on 8 different banks instead of sharing 2 (a 4-way conflict).
 __device__ __forceinline__ int pk_entry(int t, int tpc) { return t * tpc + (t >> 3) * 2; }
