@@ -45,8 +45,8 @@ Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Laun
 }
 
 // The dense thread-states forward at the plan's launch-bounds variant; bf16 with variable B and C takes the instance
-// with the packed B/C tile (kernels/fwd/ts.cuh, steps_packed). fp16's packed instance spilled in ptxas at 128
-// registers where bf16's does not, so fp16 keeps the float tiles until a GPU measurement says otherwise.
+// with the packed B/C tile (kernels/fwd/ts.cuh, steps_packed). fp16 keeps the float tiles until its packed instance is
+// measured on a GPU (validation/candidates/f16p-packed-fp16.patch).
 template <typename T>
 Status launch_ts_dense(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   using cuda::fwd_ts::kMinBlocksFew;
