@@ -167,11 +167,12 @@ enum Level : int { kExp = 0, kRec = 1, kOnChip = 2, kStaged = 3, kLibrary = 4 };
 
 // TT steps of kS states of one channel: a = 2^(delta a2), h = a h + B (delta u), y partial = sum_s C h per step.
 // dl_row / du_row: delta and delta*u of the channel; sBk / sCk: the thread's first state of step 0 in [t][N] tiles.
-template <int N, bool kPiped, int kC, bool kPack>
+template <int N, bool kPiped, int kC, bool kPack, bool kShfl = false>
 __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_row, const float* sBk, const float* sCk,
                                            float* y_row, float (&h)[kC][kS], const float (&a2)[kC][kS]) {
   static_assert(kC == 1 || !kPiped, "the piped form has one channel a thread");
   static_assert(!kPack || (kC == 1 && !kPiped), "the packed B/C tile: one channel, plain loop");
+  static_assert(!kShfl || (kPack && N == 16), "the shuffle sum: the packed form, 4 threads a channel");
   if constexpr (kPack) {
     // B and C as raw bf16 in one [t][thread group] tile of 16-byte entries (4 B values, then 4 C values): one
     // shared-memory read per step instead of two, 8 integer ops to widen them.
@@ -199,7 +200,21 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
         }
         y[j] = acc;
       }
-      *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+      if constexpr (kShfl) {
+        // The channel's 4 threads sum their partials of these 4 steps by exchanging halves twice (3 shuffles), and
+        // each writes one step's whole y: the y traffic through shared memory and the epilogue's reads fall to a
+        // quarter. y_row is the channel's row here.
+        const int k = static_cast<int>(threadIdx.x) & 3;
+        const bool o1 = (k & 1) != 0, o2 = (k & 2) != 0;
+        float keep0 = o1 ? y[2] : y[0], keep1 = o1 ? y[3] : y[1];
+        const float send0 = o1 ? y[0] : y[2], send1 = o1 ? y[1] : y[3];
+        keep0 += __shfl_xor_sync(0xffffffffu, send0, 1);
+        keep1 += __shfl_xor_sync(0xffffffffu, send1, 1);
+        const float keep = o2 ? keep1 : keep0, send = o2 ? keep0 : keep1;
+        y_row[t + (o1 ? 2 : 0) + (o2 ? 1 : 0)] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+      } else {
+        *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+      }
     }
   } else if constexpr (kC > 1) {
     // kC channels of the same states: each B/C float4 read from shared memory serves kC * kS updates (the B/C rows
@@ -307,7 +322,7 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
 // memory; barrier; epilogue (partials summed, [D u, gate], bf16 stores); [L2/L3: the next tile staged]; barrier.
 // Shared memory, in floats: delta [CH][kRow], delta*u [CH][kRow], B [kTT][N], C [kTT][N], y partials
 // [threads*kC][kRow].
-template <int N, int Lv, bool kPiped, int kC = 1, bool kPack = false>
+template <int N, int Lv, bool kPiped, int kC = 1, bool kPack = false, bool kShfl = false>
 __device__ __forceinline__ void scan_tiles(const Args& a) {
   constexpr int TPC = N / kS;
   extern __shared__ float4 smem4[];
@@ -466,8 +481,9 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
       opaque(rB);
       opaque(rC);
     }
-    recurrence<N, kPiped, kC, kPack>(sDl + cc * kC * kRow, sDu + cc * kC * kRow, kPack ? sB + k * 4 : sB + k * kS,
-                                     sC + k * kS, sY + tid * kC * kRow, h, a2);
+    recurrence<N, kPiped, kC, kPack, kShfl>(sDl + cc * kC * kRow, sDu + cc * kC * kRow,
+                                            kPack ? sB + k * 4 : sB + k * kS, sC + k * kS,
+                                            kShfl ? sY + cc * kRow : sY + tid * kC * kRow, h, a2);
     __syncthreads();  // the y partials are complete; the staged tile is no longer read
 #pragma unroll
     for (int r = 0; r < kC; ++r) {
@@ -484,8 +500,8 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
       // channel qc's partials: the TPC threads of its group, slot qc % kC of each
       const int grp = qc[r] / kC, slot = qc[r] % kC;
 #pragma unroll
-      for (int kk = 0; kk < TPC; ++kk) {
-        const float* yr = sY + ((grp * TPC + kk) * kC + slot) * kRow + qt[r];
+      for (int kk = 0; kk < (kShfl ? 1 : TPC); ++kk) {  // kShfl: one row, the whole y
+        const float* yr = kShfl ? sY + qc[r] * kRow + qt[r] : sY + ((grp * TPC + kk) * kC + slot) * kRow + qt[r];
 #pragma unroll
         for (int j = 0; j < kV; j += 4) {
           const float4 v = *reinterpret_cast<const float4*>(yr + j);
@@ -554,6 +570,10 @@ __global__ void __launch_bounds__(kMaxThreads, 3) roofline_staged_2ch_r168(const
 template <int N>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcpack(const Args a) {
   scan_tiles<N, kStaged, false, 1, true>(a);
+}
+// bcpack with the y partials summed by shuffles (recurrence() says why); 4 threads a channel only.
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcshfl(const Args a) {
+  scan_tiles<16, kStaged, false, 1, true, true>(a);
 }
 
 // L0: kExpChains chains x <- 2^-x per thread (x stays in [0.5, 1]: no denormal, no overflow), each result also
@@ -1188,6 +1208,10 @@ int main(int argc, char** argv) {
   defs.push_back({kStaged, "L3 bcpack", "roofline_staged_bcpack",
                   "as L3 plain, B and C raw bf16 in one shared tile (one 16-byte read a step)",
                   tiles(n16 ? roofline_staged_bcpack<16> : roofline_staged_bcpack<32>), true, true, staged_bytes});
+  if (n16)
+    defs.push_back({kStaged, "L3 bcpack shfl", "roofline_staged_bcshfl",
+                    "as L3 bcpack, the 4 threads' y partials summed by warp shuffles (one y row a channel)",
+                    tiles(roofline_staged_bcshfl), true, true, staged_bytes});
   defs.push_back({kLibrary, "L4 library", "fwd_ts_kernel|fwd_warp_kernel",
                   "selscan_fwd (C ABI): out, out_z, last_state; the kernel the library chooses",
                   [&](const Set& st, cudaStream_t) {
