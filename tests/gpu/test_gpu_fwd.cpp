@@ -295,6 +295,17 @@ TEST(GpuFwd, DimBeyond65535) {
   check_spec(s);
 }
 
+// A call the default plan gives to the thread-states forward (at least 8 warps per SM of 4-thread channels on GPUs of
+// up to 150 SMs, src/cuda/select.cpp), bf16 with variable B and C: the packed B/C instance (kernels/fwd/launch.cuh)
+// at the block and tile shapes of the 8x1536x2048:16 on an H200 (64 threads, 32-step tiles), which the small
+// shapes above reach only with the kernel forced. L ends inside a tile.
+TEST(GpuFwd, DefaultPlanThreadStatesBf16) {
+  REQUIRE_GPU();
+  CaseSpec s = case_spec(2, 4800, 100, 16, SELSCAN_DTYPE_BFLOAT16);
+  s.seed = 78;
+  check_spec(s);
+}
+
 // The call only enqueues work on the given stream: it can be captured into a CUDA graph and replayed.
 TEST(GpuFwd, CapturedInCudaGraph) {
   REQUIRE_GPU();
