@@ -577,6 +577,15 @@ TEST_F(BwdGpu, ThreadStatesShapes) {
   }
 }
 
+// A call the default plan gives to the thread-states backward (at least 1024 warps of 4-thread channels, on the GPUs
+// with large shared memory: src/cuda/select.cpp), bf16 with variable B and C, so its fixed-pitch B/C tiles run at the
+// default grid, unforced. L ends inside a 16-step tile.
+TEST_F(BwdGpu, DefaultPlanThreadStatesBf16) {
+  Cfg c(case_spec(2, 4200, 100, 16, SELSCAN_DTYPE_BFLOAT16));
+  c.seed = 950;
+  run_case(c);
+}
+
 TEST_F(BwdGpu, UnusualStrides) {
   for (int vb = 0; vb < 2; ++vb) {
     Cfg c;
