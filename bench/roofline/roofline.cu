@@ -186,17 +186,14 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
       float y[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint4 q = q4[(t + j) * (N / kS)];
-        const float bv[kS] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
-                              __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u)};
-        const float cv[kS] = {__uint_as_float(q.z << 16), __uint_as_float(q.z & 0xffff0000u),
-                              __uint_as_float(q.w << 16), __uint_as_float(q.w & 0xffff0000u)};
+        float bc[kV];  // B's 4 states, then C's
+        unpack8(q4[(t + j) * (N / kS)], bc);
         float acc = 0.f;
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const float a = exp2_fast(dl[j] * a2[0][s]);
-          h[0][s] = fmaf(a, h[0][s], bv[s] * du[j]);
-          acc = fmaf(h[0][s], cv[s], acc);
+          h[0][s] = fmaf(a, h[0][s], bc[s] * du[j]);
+          acc = fmaf(h[0][s], bc[kS + s], acc);
         }
         y[j] = acc;
       }

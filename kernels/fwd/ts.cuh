@@ -31,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
@@ -137,21 +136,6 @@ __device__ __forceinline__ void steps_any(bool var_B, bool var_C, int tt, const 
 __device__ __forceinline__ int pk_entry(int t, int tpc) { return t * tpc + (t >> 3) * 2; }
 static_assert((32 / 8) * 2 * 4 <= kBcPad, "the packed tile's group shift fits the B/C tile's padding (floats)");
 
-// 4 raw 16-bit values (two 32-bit words, low half first) as floats: exact for both itypes.
-template <typename T>
-__device__ __forceinline__ void widen4(uint32_t w0, uint32_t w1, float (&v)[kS]) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w0));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&w1));
-    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
-  } else {
-    v[0] = __uint_as_float(w0 << 16);
-    v[1] = __uint_as_float(w0 & 0xffff0000u);
-    v[2] = __uint_as_float(w1 << 16);
-    v[3] = __uint_as_float(w1 & 0xffff0000u);
-  }
-}
-
 // The compute phase for variable B and C in the packed tile (pk: the thread's entry of step 0; tt a multiple of 8 from
 // a group start).
 template <typename T>
@@ -159,9 +143,13 @@ __device__ __forceinline__ void steps_packed(int tt, const float* dl_row, const 
                                              float* y_row, float (&h)[kS], const float (&a2)[kS], bool want_sum,
                                              float& dsum) {
   state_loop(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
-    const uint4 q = pk[pk_entry(t, tpc) + j * tpc];  // t + j is in t's 8-step group
-    widen4<T>(q.x, q.y, bv);
-    widen4<T>(q.z, q.w, cv);
+    float v[2 * kS];  // the entry as raw itype values: B's 4 states, then C's
+    unpack16<T>(pk[pk_entry(t, tpc) + j * tpc], v);  // t + j is in t's 8-step group
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      bv[s] = v[s];
+      cv[s] = v[kS + s];
+    }
   });
 }
 
