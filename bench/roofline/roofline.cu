@@ -165,6 +165,42 @@ struct Args {
 
 enum Level : int { kExp = 0, kRec = 1, kOnChip = 2, kStaged = 3, kLibrary = 4 };
 
+// One channel's kS states over a tile, 4 steps a pass, as the library's state loop (kernels/fwd/ts.cuh) runs them:
+// per step the exponentials, then the chains; B and C of step t + j from bc(t, j, bv, cv), the 4 steps' y partials
+// to put_y(t, y).
+template <class BcAt, class PutY>
+__device__ __forceinline__ void plain_loop(const float* dl_row, const float* du_row, float (&h)[kS],
+                                           const float (&a2)[kS], const BcAt& bc, const PutY& put_y) {
+#pragma unroll 1
+  for (int t = 0; t < kTT; t += 4) {
+    const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
+    const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
+    const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
+    const float du[4] = {du4.x, du4.y, du4.z, du4.w};
+    float y[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float bv[kS], cv[kS];
+      bc(t, j, bv, cv);
+      float acc = 0.f;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        const float a = exp2_fast(dl[j] * a2[s]);
+        h[s] = fmaf(a, h[s], bv[s] * du[j]);
+        acc = fmaf(h[s], cv[s], acc);
+      }
+      y[j] = acc;
+    }
+    put_y(t, y);
+  }
+}
+// put_y for plain_loop: the 4 partials into the thread's own row.
+__device__ __forceinline__ auto store_y4(float* y_row) {
+  return [y_row](int t, const float (&y)[4]) {
+    *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
+  };
+}
+
 // TT steps of kS states of one channel: a = 2^(delta a2), h = a h + B (delta u), y partial = sum_s C h per step.
 // dl_row / du_row: delta and delta*u of the channel; sBk / sCk: the thread's first state of step 0 in [t][N] tiles.
 template <int N, bool kPiped, int kC, bool kPack, bool kShfl = false>
@@ -177,30 +213,17 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
     // B and C as raw bf16 in one [t][thread group] tile of 16-byte entries (4 B values, then 4 C values): one
     // shared-memory read per step instead of two, 8 integer ops to widen them.
     const uint4* q4 = reinterpret_cast<const uint4*>(sBk);
-#pragma unroll 1
-    for (int t = 0; t < kTT; t += 4) {
-      const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
-      const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
-      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
-      const float du[4] = {du4.x, du4.y, du4.z, du4.w};
-      float y[4];
+    const auto bc_at = [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+      float bc[kV];  // B's 4 states, then C's
+      unpack8(q4[(t + j) * (N / kS)], bc);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float bc[kV];  // B's 4 states, then C's
-        unpack8(q4[(t + j) * (N / kS)], bc);
-        float acc = 0.f;
-#pragma unroll
-        for (int s = 0; s < kS; ++s) {
-          const float a = exp2_fast(dl[j] * a2[0][s]);
-          h[0][s] = fmaf(a, h[0][s], bc[s] * du[j]);
-          acc = fmaf(h[0][s], bc[kS + s], acc);
-        }
-        y[j] = acc;
-      }
-      if constexpr (kShfl) {
-        // The channel's 4 threads sum their partials of these 4 steps by exchanging halves twice (3 shuffles), and
-        // each writes one step's whole y: the y traffic through shared memory and the epilogue's reads fall to a
-        // quarter. y_row is the channel's row here.
+      for (int s = 0; s < kS; ++s) bv[s] = bc[s], cv[s] = bc[kS + s];
+    };
+    if constexpr (kShfl) {
+      // The channel's 4 threads sum their partials of these 4 steps by exchanging halves twice (3 shuffles), and
+      // each writes one step's whole y: the y traffic through shared memory and the epilogue's reads fall to a
+      // quarter. y_row is the channel's row here.
+      plain_loop(dl_row, du_row, h[0], a2[0], bc_at, [&](int t, const float (&y)[4]) {
         const int k = static_cast<int>(threadIdx.x) & 3;
         const bool o1 = (k & 1) != 0, o2 = (k & 2) != 0;
         float keep0 = o1 ? y[2] : y[0], keep1 = o1 ? y[3] : y[1];
@@ -209,9 +232,9 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
         keep1 += __shfl_xor_sync(0xffffffffu, send1, 1);
         const float keep = o2 ? keep1 : keep0, send = o2 ? keep0 : keep1;
         y_row[t + (o1 ? 2 : 0) + (o2 ? 1 : 0)] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-      } else {
-        *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
-      }
+      });
+    } else {
+      plain_loop(dl_row, du_row, h[0], a2[0], bc_at, store_y4(y_row));
     }
   } else if constexpr (kC > 1) {
     // kC channels of the same states: each B/C float4 read from shared memory serves kC * kS updates (the B/C rows
@@ -249,31 +272,13 @@ __device__ __forceinline__ void recurrence(const float* dl_row, const float* du_
         *reinterpret_cast<float4*>(y_row + c * kRow + t) = make_float4(y[c][0], y[c][1], y[c][2], y[c][3]);
     }
   } else if constexpr (!kPiped) {
-    // The library's loop (kernels/fwd/ts.cuh, steps()): per step the exponentials, then the chains, 4 steps a pass.
-#pragma unroll 1
-    for (int t = 0; t < kTT; t += 4) {
-      const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
-      const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
-      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
-      const float du[4] = {du4.x, du4.y, du4.z, du4.w};
-      float y[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 bq = *reinterpret_cast<const float4*>(sBk + (t + j) * N);
-        const float4 cq = *reinterpret_cast<const float4*>(sCk + (t + j) * N);
-        const float bv[kS] = {bq.x, bq.y, bq.z, bq.w};
-        const float cv[kS] = {cq.x, cq.y, cq.z, cq.w};
-        float acc = 0.f;
-#pragma unroll
-        for (int s = 0; s < kS; ++s) {
-          const float a = exp2_fast(dl[j] * a2[0][s]);
-          h[0][s] = fmaf(a, h[0][s], bv[s] * du[j]);
-          acc = fmaf(h[0][s], cv[s], acc);
-        }
-        y[j] = acc;
-      }
-      *reinterpret_cast<float4*>(y_row + t) = make_float4(y[0], y[1], y[2], y[3]);
-    }
+    // The library's loop (kernels/fwd/ts.cuh, state_loop()) over float B/C tiles.
+    plain_loop(dl_row, du_row, h[0], a2[0], [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+      const float4 bq = *reinterpret_cast<const float4*>(sBk + (t + j) * N);
+      const float4 cq = *reinterpret_cast<const float4*>(sCk + (t + j) * N);
+      bv[0] = bq.x; bv[1] = bq.y; bv[2] = bq.z; bv[3] = bq.w;
+      cv[0] = cq.x; cv[1] = cq.y; cv[2] = cq.z; cv[3] = cq.w;
+    }, store_y4(y_row));
   } else {
     // The exponentials of kPipe steps first (independent of h: they fill the MUFU pipe back to back), then the
     // chains, whose FMAs no longer wait on a fresh ex2 result.
