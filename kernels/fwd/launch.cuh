@@ -44,20 +44,27 @@ Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Laun
                        t.shape.ch * t.shape.tpc, t.smem, l, p, t.shape);
 }
 
-// The dense thread-states forward at the plan's launch-bounds variant; bf16 with variable B and C takes the instance
-// with the packed B/C tile (kernels/fwd/ts.cuh, steps_packed). fp16 keeps the float tiles until its packed instance is
-// measured on a GPU (validation/candidates/f16p-packed-fp16.patch).
+// The dense thread-states forward at launch-bounds variant MINB; a 16-bit itype with variable B and C at the default
+// plan's 4 threads a channel takes the instance with the packed B/C tile (kernels/fwd/ts.cuh, steps_packed), whose
+// pitch is that compile-time 4; forced plans at other widths keep the float tiles.
+template <typename T, int MINB>
+Status launch_ts_dense_at(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
+  if constexpr (sizeof(T) == 2) {
+    if (p.var_B && p.var_C && t.shape.tpc == cuda::fwd_ts::kPackedTpc)
+      return launch_ts<T, MINB, false, kNoBlocks, true>(p, t, l);
+  }
+  return launch_ts<T, MINB>(p, t, l);
+}
+
+// The plan's launch-bounds variant (src/cuda/select.cpp).
 template <typename T>
 Status launch_ts_dense(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
-  using cuda::fwd_ts::kMinBlocksFew;
-  using cuda::fwd_ts::kMinBlocksMany;
-  const bool many = t.min_blocks == kMinBlocksMany;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (p.var_B && p.var_C)
-      return many ? launch_ts<T, kMinBlocksMany, false, kNoBlocks, true>(p, t, l)
-                  : launch_ts<T, kMinBlocksFew, false, kNoBlocks, true>(p, t, l);
+  using namespace cuda::fwd_ts;
+  switch (t.min_blocks) {
+    case kMinBlocksRoomy: return launch_ts_dense_at<T, kMinBlocksRoomy>(p, t, l);
+    case kMinBlocksMany: return launch_ts_dense_at<T, kMinBlocksMany>(p, t, l);
+    default: return launch_ts_dense_at<T, kMinBlocksFew>(p, t, l);
   }
-  return many ? launch_ts<T, kMinBlocksMany>(p, t, l) : launch_ts<T, kMinBlocksFew>(p, t, l);
 }
 
 template <typename T, bool kComplex>

@@ -166,8 +166,9 @@ struct SeqFields {
 // kernels/common/serving.cuh).
 constexpr int kSeqOther = -1;
 
-// MINB: the launch-bounds occupancy hint, 4 (128 registers, no spills) or 5 (96 registers, spills outside the state
-// loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsManyWarpsPerSm).
+// MINB: the launch-bounds occupancy hint, 3 (up to 168 registers), 4 (128, no spills) or 5 (96, spills outside the
+// state loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsRoomyWarpsPerSm and
+// kFwdTsManyWarpsPerSm).
 // kPackBC: the instance for dense calls of a 16-bit itype with variable B and C (steps_packed); an instance of its
 // own, since the float B/C paths beside it in one kernel cost the 128-register variant spills in the tile loop.
 template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks, bool kPackBC = false>
@@ -187,7 +188,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
 
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
-  const int TPC = cfg.tpc, CH = cfg.ch, TT = cfg.tt;
+  // The packed instance serves 4 threads a channel only (kernels/fwd/launch.cuh): a compile-time pitch gives the
+  // state loop's reads immediate offsets and unrolls the epilogue's partial sums.
+  const int TPC = kPackBC ? cuda::fwd_ts::kPackedTpc : cfg.tpc, CH = cfg.ch, TT = cfg.tt;
   const int NP = TPC * kS;     // padded states
   const int ROW = TT + 4;
   const int64_t N = p.dstate;

@@ -65,11 +65,14 @@ constexpr int kMaxThreads = 128;  // threads per block
 // Threads per channel: dstate <= kS * kMaxTpc = 32. At dstate 64 (16 threads per channel) the warp-scan kernel
 // measured faster: the epilogue sums 16 partials per output.
 constexpr int kMaxTpc = 8;
-// The two launch-bounds variants: 4 blocks per SM (128 registers, no spills) or 5 (96 registers).
-constexpr int kMinBlocksFew = 4, kMinBlocksMany = 5;
+// The three launch-bounds variants of the dense instances: 3 blocks per SM (up to 168 registers, no spills), 4 (128
+// registers, no spills) or 5 (96 registers); serving instances take 4 (src/cuda/select.cpp).
+constexpr int kMinBlocksRoomy = 3, kMinBlocksFew = 4, kMinBlocksMany = 5;
 // Variable B/C tiles are [step][state] rows; each group of one staging vector's steps starts 8 floats further
 // (kernels/fwd/ts.cuh, bc_row). The last group's shift: tt <= 32 steps in groups of >= 4.
 constexpr int kBcPad = (32 / 4 - 1) * 8;
+// Threads per channel of the packed B/C instance (kernels/fwd/ts.cuh, kPackBC): the default plan's (dstate 13-16).
+constexpr int kPackedTpc = 4;
 
 // The kernel's launch shape, passed to it by value.
 struct Shape {

@@ -30,10 +30,15 @@ constexpr int64_t kFwdTsMinWarpsPerSm = 8;
 // By default the thread-states forward serves 4 threads per channel (dstate 13-16) only: it serves every dstate up to
 // 32 correctly, but at dstate 4, 8 and 32 the warp-scan kernel measured faster (8x1536x2048:{4,8}, 4x1536x2048:32).
 constexpr int kFwdTsDefaultTpc = 4;
-// Above this many warps per SM the thread-states forward takes its 5-blocks-per-SM variant (96 registers), below it
-// the 4-blocks one (128 registers): each measured faster on its side (4x5120x2048:16 at 19 warps per SM,
-// 8x1536x2048:16 at 11.6; launch bounds 4, 5 and 6 compared).
+// Above this many warps per SM the dense thread-states forward takes its 5-blocks-per-SM variant (96 registers), up
+// to it the 4-blocks one (128 registers): each measured faster on its side (4x5120x2048:16 at 19 warps per SM,
+// 8x1536x2048:16 at 11.6; launch bounds 4, 5 and 6 compared); at or below kFwdTsRoomyWarpsPerSm the 3-blocks one.
 constexpr int64_t kFwdTsManyWarpsPerSm = 16;
+// A grid of at most this many warps per SM fits in one wave at 3 blocks per SM of up to 168 registers (12 warps of
+// 128-thread blocks, or 6 blocks of 64 threads): there the dense thread-states forward takes its 3-blocks variant,
+// whose spare registers let the state loop's shared-memory reads and exponentials issue earlier (8x1536x2048:16 at
+// 11.6 warps per SM: bf16 -4.0%, fp16 -6.9%, fp32 -1.1% against the 4-blocks variant; validation/optimisation-log.md).
+constexpr int64_t kFwdTsRoomyWarpsPerSm = 12;
 // Thread-states forward blocks halve from 128 threads while the grid would have fewer blocks than this per SM, so
 // small grids still spread over every SM (a design choice, not tuned).
 constexpr int64_t kFwdTsMinBlocksPerSm = 4;
@@ -115,11 +120,16 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   }
   if (c.tt == 0) return false;
   out->shape = c;
+  out->blocks = p.batch * p.groups * c.tiles_per_group;
+  const int64_t grid_warps = out->blocks * ceil_div(c.ch * c.tpc, 32);
   // Serving calls at 4 blocks per SM: at 5 block mode's block-end stores spilled in the tile loop, and the packed and
   // pool instance's serving fields cost it 4-12% there (validation/optimisation-log.md).
-  const bool many = !p.serving && warps > kFwdTsManyWarpsPerSm * dev.sms;
-  out->min_blocks = many ? kMinBlocksMany : kMinBlocksFew;
-  out->blocks = p.batch * p.groups * c.tiles_per_group;
+  if (p.serving)
+    out->min_blocks = kMinBlocksFew;
+  else if (warps > kFwdTsManyWarpsPerSm * dev.sms)
+    out->min_blocks = kMinBlocksMany;
+  else
+    out->min_blocks = grid_warps <= kFwdTsRoomyWarpsPerSm * dev.sms ? kMinBlocksRoomy : kMinBlocksFew;
   out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
   return true;
 }

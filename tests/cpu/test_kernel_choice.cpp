@@ -99,29 +99,32 @@ TEST(KernelChoice, Forward) {
   constexpr auto warp = cuda::Kernel::warp;
   const FwdRow rows[] = {
       // The issue #4 rows on the H200. Row 1: 1536 warps (11.6 per SM) -> thread-states, 64-thread blocks (128 would
-      // leave 384 blocks, under 4 per SM), 32-step tiles, the 4-blocks-per-SM variant.
-      {{8, 1536, 2048, 16}, kH200, Force::none, ts, 4, 16, 32, 96, 4, 768, 20672},
+      // leave 384 blocks, under 4 per SM), 32-step tiles, the 3-blocks-per-SM variant (12 warps per SM hold it).
+      {{8, 1536, 2048, 16}, kH200, Force::none, ts, 4, 16, 32, 96, 3, 768, 20672},
       // Row 2: 2560 warps (19.4 per SM, over 16) -> the 5-blocks-per-SM variant; 128-thread blocks.
       {{4, 5120, 2048, 16}, kH200, Force::none, ts, 4, 32, 32, 160, 5, 640, 36800},
       // Rows 3 and 4: 256 and 640 warps, under 8 per SM -> warp-scan (8 warps a block, two staged 32 KB B/C tiles).
       {{1, 2048, 65536, 16}, kH200, Force::none, warp, 8, 0, 0, 256, 0, 256, 68096},
       {{1, 5120, 512, 16}, kH200, Force::none, warp, 8, 0, 0, 640, 0, 640, 68096},
       // Row 5 (fp32): 4-element vectors, so 16-step tiles at 64 threads.
-      {{8, 1536, 2048, 16, Dtype::f32}, kH200, Force::none, ts, 4, 16, 16, 96, 4, 768, 11456},
+      {{8, 1536, 2048, 16, Dtype::f32}, kH200, Force::none, ts, 4, 16, 16, 96, 3, 768, 11456},
       // Row 6: dstate 64 is past the thread-states kernel's 32.
       {{4, 2048, 2048, 64}, kH200, Force::none, warp, 8, 0, 0, 256, 0, 1024, 75776},
       // dstate 8 has a large grid but 2 threads per channel: not the default range.
       {{8, 1536, 2048, 8}, kH200, Force::none, warp, 8, 0, 0, 192, 0, 1536, 66816},
       // The parallelism edge: B*D*tpc against 8 warps * 32 * 132 SMs = 33792 threads (128-thread blocks would be 264,
       // under 4 per SM, so 64-thread blocks).
-      {{1, 8448, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 528, 4, 528, 20672},
+      {{1, 8448, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 528, 3, 528, 20672},
       {{1, 8440, 512, 16}, kH200, Force::none, warp, 8, 0, 0, 1055, 0, 1055, 68096},
-      // The variant edge: 2112 warps is 16 per SM (4 blocks), 2113 is over (5 blocks).
+      // The variant edges: a grid of 1584 warps is 12 per SM (792 blocks of 64 threads: 3 blocks of up to 168
+      // registers), one more block is over (4 blocks); 2112 warps is 16 per SM (4 blocks), 2113 is over (5 blocks).
+      {{1, 12672, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 792, 3, 792, 20672},
+      {{1, 12688, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 793, 4, 793, 20672},
       {{1, 16896, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 528, 4, 528, 36800},
       {{1, 16904, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 529, 5, 529, 36800},
       // Forced: the thread-states kernel on a tiny call (dstate 8: 2 threads per channel; blocks shrink to 32
       // threads), constant B/C; the warp-scan kernel on row 1.
-      {{1, 64, 100, 8, Dtype::f16, false}, kH200, Force::ts, ts, 2, 16, 16, 4, 4, 4, 6400},
+      {{1, 64, 100, 8, Dtype::f16, false}, kH200, Force::ts, ts, 2, 16, 16, 4, 3, 4, 6400},
       {{8, 1536, 2048, 16}, kH200, Force::warp, warp, 8, 0, 0, 192, 0, 1536, 68096},
       // Complex weights always take the warp-scan kernel (K = 8, 8-state tiles of float2), forced or not.
       {{2, 64, 300, 16, Dtype::f32, true, true}, kH200, Force::ts, warp, 8, 0, 0, 8, 0, 16, 37888},

@@ -306,6 +306,31 @@ TEST(GpuFwd, DefaultPlanThreadStatesBf16) {
   check_spec(s);
 }
 
+// The same call in fp16: the packed instance widens half words (kernels/common/io.cuh, unpack16) where bf16 shifts them.
+TEST(GpuFwd, DefaultPlanThreadStatesFp16) {
+  REQUIRE_GPU();
+  CaseSpec s = case_spec(2, 4800, 100, 16, SELSCAN_DTYPE_FLOAT16);
+  s.seed = 79;
+  check_spec(s);
+}
+
+// The other two launch-bounds variants of the dense thread-states forward, at grids that select them on this GPU
+// (src/cuda/select.cpp): 14 warps per SM of 4-thread channels take the 4-blocks-per-SM instances, 20 the 5-blocks
+// ones (the calls above, and every forced one, fit in 12 and take the 3-blocks variant). bf16 runs the packed B/C
+// instance, fp32 the float tiles.
+TEST(GpuFwd, DefaultPlanOtherLaunchBounds) {
+  REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  uint64_t seed = 80;
+  for (const int64_t warps_per_sm : {14, 20})
+    for (const int32_t itype : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT32}) {
+      CaseSpec s = case_spec(1, 8 * warps_per_sm * sms, 40, 16, itype);  // 8 channels a warp
+      s.seed = seed++;
+      check_spec(s);
+    }
+}
+
 // The call only enqueues work on the given stream: it can be captured into a CUDA graph and replayed.
 TEST(GpuFwd, CapturedInCudaGraph) {
   REQUIRE_GPU();
