@@ -296,28 +296,24 @@ TEST(GpuFwd, DimBeyond65535) {
 }
 
 // A call the default plan gives to the thread-states forward (at least 8 warps per SM of 4-thread channels on GPUs of
-// up to 150 SMs, src/cuda/select.cpp), bf16 with variable B and C: the packed B/C instance (kernels/fwd/launch.cuh)
+// up to 150 SMs, src/cuda/select.cpp), 16-bit with variable B and C: the packed B/C instance (kernels/fwd/launch.cuh)
 // at the block and tile shapes of the 8x1536x2048:16 on an H200 (64 threads, 32-step tiles), which the small
-// shapes above reach only with the kernel forced. L ends inside a tile.
-TEST(GpuFwd, DefaultPlanThreadStatesBf16) {
+// shapes above reach only with the kernel forced. L ends inside a tile. fp16 widens its half words
+// (kernels/common/io.cuh, unpack16) where bf16 shifts them.
+TEST(GpuFwd, DefaultPlanThreadStates16Bit) {
   REQUIRE_GPU();
-  CaseSpec s = case_spec(2, 4800, 100, 16, SELSCAN_DTYPE_BFLOAT16);
-  s.seed = 78;
-  check_spec(s);
-}
-
-// The same call in fp16: the packed instance widens half words (kernels/common/io.cuh, unpack16) where bf16 shifts them.
-TEST(GpuFwd, DefaultPlanThreadStatesFp16) {
-  REQUIRE_GPU();
-  CaseSpec s = case_spec(2, 4800, 100, 16, SELSCAN_DTYPE_FLOAT16);
-  s.seed = 79;
-  check_spec(s);
+  uint64_t seed = 78;
+  for (const int32_t itype : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT16}) {
+    CaseSpec s = case_spec(2, 4800, 100, 16, itype);
+    s.seed = seed++;
+    check_spec(s);
+  }
 }
 
 // The other two launch-bounds variants of the dense thread-states forward, at grids that select them on this GPU
 // (src/cuda/select.cpp): 14 warps per SM of 4-thread channels take the 4-blocks-per-SM instances, 20 the 5-blocks
-// ones (the calls above, and every forced one, fit in 12 and take the 3-blocks variant). bf16 runs the packed B/C
-// instance, fp32 the float tiles.
+// ones (the call above and the small forced test shapes take the 3-blocks variant). bf16 runs the packed B/C instance,
+// fp32 the float tiles.
 TEST(GpuFwd, DefaultPlanOtherLaunchBounds) {
   REQUIRE_GPU();
   int sms = 0;
