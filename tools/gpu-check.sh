@@ -50,8 +50,8 @@
 #   GpuVarlen* and GpuBlockStates* with it forced, memcheck and racecheck over them forced (SANITIZE_TIMEOUT caps
 #   each, default 150 s), then gpu_varlen/fwd with the default choice and with SELSCAN_FWD_KERNEL=warp (the warp-scan
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
-# Step `ab`, not part of all either: this tree's selscan_bench rows beside another tree's (AB_TREE, an export inside
-#   this tree), alternated AB_ROUNDS times over AB_FILTER, in ab.md.
+# Step `ab`, not part of all either: this tree's selscan_bench rows beside other trees' (AB_TREE, one or more exports
+#   inside this tree, separated by spaces), alternated AB_ROUNDS times over AB_FILTER, in ab.md.
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -437,49 +437,65 @@ if named kprof; then
 fi
 
 if named ab; then
-  # This tree's benchmark rows beside another tree's: AB_TREE, an export of the other commit inside this tree (e.g.
-  # `git archive cand | tar -x -C .cand`, an ignored folder), its selscan_bench built for $ARCH into $BUILD-ab; the two
-  # binaries alternated AB_ROUNDS times (default 2: one pass over the default rows takes about 90 s on an H200, so
-  # a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows,
-  # ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better median of the rounds per row and side, and the ratio,
-  # in ab.md. A kernel change is kept when its rows win here and its tests pass on its own commit.
+  # This tree's benchmark rows beside other trees': AB_TREE, one or more exports of other commits inside this tree,
+  # separated by spaces (e.g. `git archive cand | tar -x -C .cand`, ignored folders), each one's selscan_bench built for
+  # $ARCH into $BUILD-ab (the first) or $BUILD-ab2, $BUILD-ab3, ...; the binaries alternated AB_ROUNDS times (default
+  # 2: one pass over the default rows takes about 90 s on an H200, so a build and 3 rounds overrun a 10-minute call)
+  # over AB_FILTER (default the issue #20 table's rows, ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better
+  # median of the rounds per row and tree, and each other tree's ratio to this one, in ab.md. A kernel change is kept
+  # when its rows win here and its tests pass on its own commit.
   bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
-  if [ -z "${AB_TREE:-}" ] || [ ! -d "${AB_TREE:-/nonexistent}" ] || [ -z "$bench" ]; then
-    note "ab: needs AB_TREE (a directory) and this tree's build"
-  else
+  # shellcheck disable=SC2206  # AB_TREE is a list of folders
+  trees=(${AB_TREE:-})
+  bins=("$bench")
+  ok=1
+  [ ${#trees[@]} -gt 0 ] && [ -n "$bench" ] || ok=0
+  for i in "${!trees[@]}"; do
+    tree=${trees[$i]}
+    bdir=$BUILD-ab; [ "$i" -gt 0 ] && bdir=$BUILD-ab$((i + 1))
+    [ $ok = 1 ] || break
+    if [ ! -d "$tree" ]; then
+      note "ab: $tree is not a directory"; ok=0; break
+    fi
     t0=$(date +%s)
-    if cmake -S "$AB_TREE" -B "$BUILD-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
+    if cmake -S "$tree" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
          -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_BUILD_TESTS=OFF -DSELSCAN_BUILD_APPS=OFF >"$OUT/ab-configure.log" 2>&1 &&
-       cmake --build "$BUILD-ab" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
-      note "ab: $AB_TREE built ($(( $(date +%s) - t0 )) s)"
-      bench_b=$(find "$BUILD-ab" -name 'selscan_bench' -type f -perm -u+x | head -1)
-      for round in $(seq 1 "${AB_ROUNDS:-2}"); do
-        for side in a b; do
-          bin=$bench; [ $side = b ] && bin=$bench_b
-          "$bin" --benchmark_filter="${AB_FILTER:-^gpu/(fwd|fwd_infer|bwd)/}" --benchmark_repetitions=3 \
-            --benchmark_report_aggregates_only=true --benchmark_out_format=json \
-            --benchmark_out="$OUT/ab-$side-$round.json" >/dev/null 2>&1
-        done
+       cmake --build "$bdir" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
+      note "ab: $tree built ($(( $(date +%s) - t0 )) s)"
+      bins+=("$(find "$bdir" -name 'selscan_bench' -type f -perm -u+x | head -1)")
+    else
+      note "ab: the build of $tree failed (ab-build.log)"; ok=0
+    fi
+  done
+  if [ $ok = 1 ]; then
+    for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+      for i in "${!bins[@]}"; do
+        "${bins[$i]}" --benchmark_filter="${AB_FILTER:-^gpu/(fwd|fwd_infer|bwd)/}" --benchmark_repetitions=3 \
+          --benchmark_report_aggregates_only=true --benchmark_out_format=json \
+          --benchmark_out="$OUT/ab-$i-$round.json" >/dev/null 2>&1
       done
-      python3 - "$AB_TREE" "$OUT"/ab-?-*.json >"$OUT/ab.md" <<'PY'
+    done
+    python3 - "${trees[*]}" "$OUT"/ab-[0-9]*-*.json >"$OUT/ab.md" <<'PY'
 import os, sys
 sys.path.insert(0, "bench")
 import report  # bench/report.py: the medians of a selscan_bench JSON file, in ms
+names = ["this tree"] + sys.argv[1].split()
 best = {}
 for path in sys.argv[2:]:
-    side = os.path.basename(path).split("-")[1]
-    for key, v in report.load(path, side)["results"].items():
+    side = int(os.path.basename(path).split("-")[1])
+    for key, v in report.load(path, str(side))["results"].items():
         row = "/".join(k for k in key[:4] if k)
         best[row, side] = min(best.get((row, side), float("inf")), v["ms"])
-print("| row (ms, median of 3, better of the rounds) | this tree | %s | ratio |\n|---|---:|---:|---:|" % sys.argv[1])
+print("| row (ms, median of 3, better of the rounds) | " + " | ".join(names) +
+      "".join(" | %s / this" % n for n in names[1:]) + " |")
+print("|---" + "|---:" * (2 * len(names) - 1) + "|")
 for row in sorted({r for r, _ in best}):
-    a, b = best.get((row, "a"), float("nan")), best.get((row, "b"), float("nan"))
-    print("| %s | %.4f | %.4f | %.3f |" % (row, a, b, b / a))
+    ms = [best.get((row, i), float("nan")) for i in range(len(names))]
+    print("| %s | " % row + " | ".join("%.4f" % m for m in ms) + "".join(" | %.3f" % (m / ms[0]) for m in ms[1:]) + " |")
 PY
-      note "ab: rc=$? (ab.md)"
-    else
-      note "ab: the build of $AB_TREE failed (ab-build.log)"
-    fi
+    note "ab: rc=$? (ab.md)"
+  elif [ ${#trees[@]} -eq 0 ] || [ -z "$bench" ]; then
+    note "ab: needs AB_TREE (one or more directories) and this tree's build"
   fi
 fi
 
