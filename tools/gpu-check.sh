@@ -449,11 +449,13 @@ if named ab; then
   trees=(${AB_TREE:-})
   bins=("$bench")
   ok=1
-  [ ${#trees[@]} -gt 0 ] && [ -n "$bench" ] || ok=0
+  if [ ${#trees[@]} -eq 0 ] || [ -z "$bench" ]; then
+    note "ab: needs AB_TREE (one or more directories) and this tree's build"; ok=0
+  fi
   for i in "${!trees[@]}"; do
+    [ $ok = 1 ] || break
     tree=${trees[$i]}
     bdir=$BUILD-ab; [ "$i" -gt 0 ] && bdir=$BUILD-ab$((i + 1))
-    [ $ok = 1 ] || break
     if [ ! -d "$tree" ]; then
       note "ab: $tree is not a directory"; ok=0; break
     fi
@@ -494,8 +496,6 @@ for row in sorted({r for r, _ in best}):
     print("| %s | " % row + " | ".join("%.4f" % m for m in ms) + "".join(" | %.3f" % (m / ms[0]) for m in ms[1:]) + " |")
 PY
     note "ab: rc=$? (ab.md)"
-  elif [ ${#trees[@]} -eq 0 ] || [ -z "$bench" ]; then
-    note "ab: needs AB_TREE (one or more directories) and this tree's build"
   fi
 fi
 
