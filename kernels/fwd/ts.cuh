@@ -53,13 +53,30 @@ __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (
 
 // The state loop: kS states of one channel over tt steps (a multiple of 4), B and C of step t + j as floats from
 // bc(t, j, bv, cv) (t the first of 4 steps), y partials per step into y_row, the delta sum for chunk states if asked.
-template <typename BcAt>
+// kPrefetch: delta' and delta'u of the next 4 steps are read before this group's y store, which the compiler cannot
+// move the next group's reads above (all are shared memory), so their latency hides behind this group's math; 8
+// registers, so for the variants that have them. The read past the last group stays inside the row (a tile's rows
+// are its steps + 4 floats: ROW in fwd_ts_kernel) and is not used.
+template <bool kPrefetch, typename BcAt>
 __device__ __forceinline__ void state_loop(int tt, const float* dl_row, const float* du_row, float* y_row,
                                            float (&h)[kS], const float (&a2)[kS], bool want_sum, float& dsum,
                                            const BcAt& bc) {
+  float4 next_dl, next_du;
+  if constexpr (kPrefetch) {
+    next_dl = *reinterpret_cast<const float4*>(dl_row);
+    next_du = *reinterpret_cast<const float4*>(du_row);
+  }
   for (int t = 0; t < tt; t += 4) {
-    const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + t);
-    const float4 du4 = *reinterpret_cast<const float4*>(du_row + t);
+    float4 dl4, du4;
+    if constexpr (kPrefetch) {
+      dl4 = next_dl;
+      du4 = next_du;
+      next_dl = *reinterpret_cast<const float4*>(dl_row + t + 4);
+      next_du = *reinterpret_cast<const float4*>(du_row + t + 4);
+    } else {
+      dl4 = *reinterpret_cast<const float4*>(dl_row + t);
+      du4 = *reinterpret_cast<const float4*>(du_row + t);
+    }
     const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w};
     const float du[4] = {du4.x, du4.y, du4.z, du4.w};
     float y[4];
@@ -84,12 +101,12 @@ __device__ __forceinline__ void state_loop(int tt, const float* dl_row, const fl
 // The compute phase with float B/C tiles. VB/VC: variable B/C read from shared memory (sBk/sCk point at the thread's
 // first state of step 0; rows at bc_row(t, VS, np)); otherwise bs/cc hold the constants. For constant B with variable
 // C, `cc` multiplies C (the folded B of upstream's convention, or 1).
-template <bool VB, bool VC, int VS>
+template <bool VB, bool VC, int VS, bool kPrefetch>
 __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* du_row, const float* sBk,
                                       const float* sCk, int np, float* y_row, float (&h)[kS],
                                       const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
                                       bool want_sum, float& dsum) {
-  state_loop(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+  state_loop<kPrefetch>(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
     const int pad = bc_row(t, VS, np) - t * np;  // the same for the 4 steps (4 divides V)
     if constexpr (VB) {
       const float4 q = *reinterpret_cast<const float4*>(sBk + (t + j) * np + pad);
@@ -113,17 +130,17 @@ __device__ __forceinline__ void steps(int tt, const float* dl_row, const float* 
 }
 
 // steps() with its variable-B/C form chosen at run time (uniform across the block).
-template <int VS>
+template <int VS, bool kPrefetch>
 __device__ __forceinline__ void steps_any(bool var_B, bool var_C, int tt, const float* dl_row, const float* du_row,
                                           const float* sBk, const float* sCk, int np, float* y_row, float (&h)[kS],
                                           const float (&a2)[kS], const float (&bs)[kS], const float (&cc)[kS],
                                           bool want_sum, float& dsum) {
   if (var_B) {
-    if (var_C) steps<true, true, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
-    else steps<true, false, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    if (var_C) steps<true, true, VS, kPrefetch>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    else steps<true, false, VS, kPrefetch>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
   } else {
-    if (var_C) steps<false, true, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
-    else steps<false, false, VS>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    if (var_C) steps<false, true, VS, kPrefetch>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
+    else steps<false, false, VS, kPrefetch>(tt, dl_row, du_row, sBk, sCk, np, y_row, h, a2, bs, cc, want_sum, dsum);
   }
 }
 
@@ -138,13 +155,20 @@ static_assert((32 / 8) * 2 * 4 <= kBcPad, "the packed tile's group shift fits th
 
 // The compute phase for variable B and C in the packed tile (pk: the thread's entry of step 0; tt a multiple of 8 from
 // a group start).
-template <typename T>
+template <typename T, bool kPrefetch>
 __device__ __forceinline__ void steps_packed(int tt, const float* dl_row, const float* du_row, const uint4* pk, int tpc,
                                              float* y_row, float (&h)[kS], const float (&a2)[kS], bool want_sum,
                                              float& dsum) {
-  state_loop(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
+  // kPrefetch: the next group's first entry is read with this group's last (before the y store, see state_loop); past
+  // the last group it reads the tile's padding, unused.
+  uint4 next = pk[0];
+  state_loop<kPrefetch>(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
     float v[2 * kS];  // the entry as raw itype values: B's 4 states, then C's
-    unpack16<T>(pk[pk_entry(t, tpc) + j * tpc], v);  // t + j is in t's 8-step group
+    uint4 raw;
+    if (kPrefetch && j == 0) raw = next;
+    else raw = pk[pk_entry(t, tpc) + j * tpc];  // t + j is in t's 8-step group
+    if (kPrefetch && j == 3) next = pk[pk_entry(t + 4, tpc)];
+    unpack16<T>(raw, v);
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       bv[s] = v[s];
@@ -182,6 +206,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   // registers for the branch-free one (no spills) and measured faster with it (validation/optimisation-log.md).
   constexpr bool kLean = sizeof(T) == 2 && MINB == 4 && !kPackBC;
   constexpr int VS = kLean ? 0 : (V == 8 ? 3 : 2);  // log2(V), or 0: no B/C group shift
+  constexpr bool kPrefetch = MINB == cuda::fwd_ts::kMinBlocksRoomy;  // state_loop's early reads: registers to spare
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -408,7 +433,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         constexpr int kPiece = cuda::fwd_warp::kItemsReal;
         for (int t_in = 0; t_in < TT; t_in += kPiece) {
           const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
-          steps_any<VS>(var_B, var_C, kPiece, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2,
+          steps_any<VS, kPrefetch>(var_B, var_C, kPiece, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2,
                         bs, cf, want_x, dsum);
           const int64_t pend = t0 + t_in + kPiece;
           if (pend == next_end) {
@@ -427,9 +452,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           }
         }
       } else if constexpr (kPackBC) {  // the tile in one piece
-        steps_packed<T>(TT, dl_row, du_row, reinterpret_cast<const uint4*>(sB) + k, TPC, y_row, h, a2, want_x, dsum);
+        steps_packed<T, kPrefetch>(TT, dl_row, du_row, reinterpret_cast<const uint4*>(sB) + k, TPC, y_row, h, a2, want_x, dsum);
       } else {
-        steps_any<VS>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        steps_any<VS, kPrefetch>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= len())) {
