@@ -206,7 +206,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   // registers for the branch-free one (no spills) and measured faster with it (validation/optimisation-log.md).
   constexpr bool kLean = sizeof(T) == 2 && MINB == 4 && !kPackBC;
   constexpr int VS = kLean ? 0 : (V == 8 ? 3 : 2);  // log2(V), or 0: no B/C group shift
-  constexpr bool kPrefetch = MINB == cuda::fwd_ts::kMinBlocksRoomy;  // state_loop's early reads: registers to spare
+  // state_loop's early reads where there are registers to spare; not for fp16, whose packed instance measured
+  // slower with them (+0.4% on 8x1536x2048:16 where bf16 gained 3.7%, run 121/122).
+  constexpr bool kPrefetch = MINB == cuda::fwd_ts::kMinBlocksRoomy && !std::is_same_v<T, __half>;
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
