@@ -441,9 +441,8 @@ if named ab; then
   # separated by spaces (e.g. `git archive cand | tar -x -C .cand`, ignored folders), each one's selscan_bench built for
   # $ARCH into $BUILD-ab-<folder name> (kept, so a later call with the same folder rebuilds nothing), or, where the
   # tree has its own build from its gpu-check.sh build step (<tree>/$BUILD, tests and apps in it), that one brought up
-  # to date; the binaries alternated AB_ROUNDS times (default
-  # 2: one pass over the default rows takes about 90 s on an H200, so a build and 3 rounds overrun a 10-minute call)
-  # over AB_FILTER (default the issue #20 table's rows, ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better
+  # to date; the binaries alternated AB_ROUNDS times (default 2: one pass over the default rows takes about 90 s on an
+  # H200, so a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows, ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better
   # median of the rounds per row and tree, and each other tree's ratio to this one, in ab.md. A kernel change is kept
   # when its rows win here and its tests pass on its own commit.
   bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
@@ -461,17 +460,15 @@ if named ab; then
       note "ab: $tree is not a directory"; ok=0; break
     fi
     t0=$(date +%s)
+    own=0  # the tree's own build keeps the configuration its build step gave it
     if [[ $BUILD != /* ]] && [ -f "$tree/$BUILD/CMakeCache.txt" ]; then
-      bdir=$tree/$BUILD
-      configure() { :; }  # its own configuration, as its build step made it
+      bdir=$tree/$BUILD; own=1
     else
       bdir=$BUILD-ab-$(basename "$tree" | tr -c 'A-Za-z0-9_\n-' _)
-      configure() {
-        cmake -S "$tree" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
-          -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_BUILD_TESTS=OFF -DSELSCAN_BUILD_APPS=OFF >"$OUT/ab-configure.log" 2>&1
-      }
     fi
-    if configure && cmake --build "$bdir" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
+    if { [ $own = 1 ] || cmake -S "$tree" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
+           -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_BUILD_TESTS=OFF -DSELSCAN_BUILD_APPS=OFF >"$OUT/ab-configure.log" 2>&1; } &&
+       cmake --build "$bdir" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
       note "ab: $tree built in $bdir ($(( $(date +%s) - t0 )) s)"
       bins+=("$(find "$bdir" -name 'selscan_bench' -type f -perm -u+x | head -1)")
     else

@@ -161,7 +161,8 @@ __device__ __forceinline__ void steps_packed(int tt, const float* dl_row, const 
                                              float& dsum) {
   // kPrefetch: the next group's first entry is read with this group's last (before the y store, see state_loop); past
   // the last group it reads the tile's padding, unused.
-  uint4 next = pk[0];
+  uint4 next{};
+  if constexpr (kPrefetch) next = pk[0];
   state_loop<kPrefetch>(tt, dl_row, du_row, y_row, h, a2, want_sum, dsum, [&](int t, int j, float (&bv)[kS], float (&cv)[kS]) {
     float v[2 * kS];  // the entry as raw itype values: B's 4 states, then C's
     uint4 raw;
