@@ -51,7 +51,8 @@
 #   each, default 150 s), then gpu_varlen/fwd with the default choice and with SELSCAN_FWD_KERNEL=warp (the warp-scan
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
 # Step `ab`, not part of all either: this tree's selscan_bench rows beside other trees' (AB_TREE, one or more exports
-#   inside this tree, separated by spaces), alternated AB_ROUNDS times over AB_FILTER, in ab.md.
+#   inside this tree, separated by spaces; AB_PATCH, patch files applied to copies of this tree), alternated
+#   AB_ROUNDS times over AB_FILTER, in ab.md.
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -60,7 +61,7 @@
 #   speed-of-light, instruction, occupancy and warp-state sections in blocks-profile-<row>.txt, for the block-state
 #   overhead (docs/serving.md).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-check-out}
 ARCH=${ARCH:-9.0}
 JOBS=${JOBS:-$(nproc)}
@@ -445,13 +446,31 @@ if named ab; then
   # H200, so a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows, ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better
   # median of the rounds per row and tree, and each other tree's ratio to this one, in ab.md. A kernel change is kept
   # when its rows win here and its tests pass on its own commit.
+  # AB_PATCH: patch files (e.g. validation/candidates/*.patch), each applied to a copy of this tree's files in
+  # build/ab-src/<patch name> and measured like an AB_TREE folder; the copy is made again only when the patch or this
+  # tree's files changed, so its build is reused on a machine that keeps build/. No folder needs carrying.
   bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
   # shellcheck disable=SC2206  # AB_TREE is a list of folders
   trees=(${AB_TREE:-})
   bins=("$bench")
   ok=1
+  files() { git ls-files -z --cached --others --exclude-standard; }  # this tree's files, ignored ones left out
+  for pf in ${AB_PATCH:-}; do
+    src=build/ab-src/$(basename "$pf" .patch)
+    stamp=$( { sha1sum "$pf"; files | xargs -0 sha1sum 2>/dev/null; } | sha1sum)
+    if [ "$(cat "$src/.ab-stamp" 2>/dev/null)" != "$stamp" ]; then
+      rm -rf "$src" && mkdir -p "$src" &&
+        files | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src"
+      # outside any repository, so that git apply patches the copy's files as plain files
+      if (cd "$src" && GIT_CEILING_DIRECTORIES=$(dirname "$PWD") git apply -p1 "$OLDPWD/$pf") >"$OUT/ab-patch.log" 2>&1
+      then echo "$stamp" >"$src/.ab-stamp"
+      else note "ab: $pf does not apply to this tree (ab-patch.log)"; ok=0
+      fi
+    fi
+    trees+=("$src")
+  done
   if [ ${#trees[@]} -eq 0 ] || [ -z "$bench" ]; then
-    note "ab: needs AB_TREE (one or more directories) and this tree's build"; ok=0
+    note "ab: needs AB_TREE or AB_PATCH and this tree's build"; ok=0
   fi
   for i in "${!trees[@]}"; do
     [ $ok = 1 ] || break
