@@ -52,7 +52,8 @@
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
 # Step `ab`, not part of all either: this tree's selscan_bench rows beside other trees' (AB_TREE, one or more exports
 #   inside this tree, separated by spaces; AB_PATCH, patch files applied to copies of this tree), alternated
-#   AB_ROUNDS times over AB_FILTER, in ab.md.
+#   AB_ROUNDS times over AB_FILTER, in ab.md; with AB_CLI, the `selscan` command with those arguments from every
+#   tree's build, alternated likewise, in ab-cli.txt.
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -453,6 +454,7 @@ if named ab; then
   # shellcheck disable=SC2206  # AB_TREE is a list of folders
   trees=(${AB_TREE:-})
   bins=("$bench")
+  clis=("$BUILD/selscan")  # the command-line program beside each selscan_bench, for AB_CLI
   ok=1
   files() { git ls-files -z --cached --others --exclude-standard; }  # this tree's files, ignored ones left out
   for pf in ${AB_PATCH:-}; do
@@ -486,10 +488,11 @@ if named ab; then
       bdir=$BUILD-ab-$(basename "$tree" | tr -c 'A-Za-z0-9_\n-' _)
     fi
     if { [ $own = 1 ] || cmake -S "$tree" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELSCAN_WITH_CUDA=ON \
-           -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_BUILD_TESTS=OFF -DSELSCAN_BUILD_APPS=OFF >"$OUT/ab-configure.log" 2>&1; } &&
-       cmake --build "$bdir" -j"$JOBS" --target selscan_bench >"$OUT/ab-build.log" 2>&1; then
+           -DSELSCAN_CUDA_ARCH_LIST="$ARCH" -DSELSCAN_BUILD_TESTS=OFF >"$OUT/ab-configure.log" 2>&1; } &&
+       cmake --build "$bdir" -j"$JOBS" --target selscan_bench selscan_app >"$OUT/ab-build.log" 2>&1; then
       note "ab: $tree built in $bdir ($(( $(date +%s) - t0 )) s)"
       bins+=("$(find "$bdir" -name 'selscan_bench' -type f -perm -u+x | head -1)")
+      clis+=("$bdir/selscan")
     else
       note "ab: the build of $tree failed (ab-build.log)"; ok=0
     fi
@@ -521,6 +524,19 @@ for row in sorted({r for r, _ in best}):
     print("| %s | " % row + " | ".join("%.4f" % m for m in ms) + "".join(" | %.3f" % (m / ms[0]) for m in ms[1:]) + " |")
 PY
     note "ab: rc=$? (ab.md)"
+    # AB_CLI: arguments of `selscan` (e.g. "bench --device cuda --dtype fp16 --shape 8x1536x2048:16 --iters 50", for
+    # rows selscan_bench does not have), run from every tree's build, alternated the same way, into ab-cli.txt.
+    if [ -n "${AB_CLI:-}" ]; then
+      names=("this tree" "${trees[@]}")
+      for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+        for i in "${!clis[@]}"; do
+          echo "== round $round: ${names[$i]}"
+          # shellcheck disable=SC2086  # AB_CLI is an argument list
+          "${clis[$i]}" $AB_CLI 2>&1
+        done
+      done >"$OUT/ab-cli.txt"
+      note "ab: AB_CLI rc=$? (ab-cli.txt)"
+    fi
   fi
 fi
 
