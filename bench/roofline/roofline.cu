@@ -15,6 +15,17 @@
 //               per tile (the next tile's during this one's recurrence), out and out_z stored
 //   L4 library  selscan_fwd through the public C ABI on L3's buffers (inference forward: out, out_z, last_state)
 //
+// and the backward's algorithm (kernels/bwd/ts.cuh) at two levels, N = 16, periodic inputs made in the kernel:
+//
+//   B1 sweep    per 16-step tile in reverse, the states recomputed from h = 0 (the floor of the sweep alone) and swept
+//               backwards: dh, the carry, dA, the du/ddelta sums (bf16 out per channel and step); `sweep` sums dB/dC
+//               per thread over the sequence (the constant-B/C form), `red` per (state, step) over the block's 32
+//               channels (variable B/C: the per-warp reduction buffer and a float4 atomic per state and 4 steps)
+//   B2 passA    B1 red plus the library's pass A: each tile's start state stored in a global workspace by a forward
+//               pass first and the recomputation started from it (the true backward of these inputs)
+//
+// The library's backward on the issue's shapes is selscan_bench's gpu/bwd rows (the same GPU, run beside).
+//
 // Every level's output is checked against a float64 host computation of the same inputs on sampled channels (every
 // step of each), and every output element is checked to be written and finite, so a level that skips work fails
 // instead of winning. docs/performance.md ("Roofline micro-benchmark") says how to run it and how to read it.
@@ -163,7 +174,7 @@ struct Args {
   uint16_t *out = nullptr, *out_z = nullptr;                    // (Bt, D, L) bf16 bits
 };
 
-enum Level : int { kExp = 0, kRec = 1, kOnChip = 2, kStaged = 3, kLibrary = 4 };
+enum Level : int { kExp = 0, kRec = 1, kOnChip = 2, kStaged = 3, kLibrary = 4, kBwdSweep = 5, kBwdPassA = 6 };
 
 // One channel's kS states over a tile, 4 steps a pass, as the library's state loop (kernels/fwd/ts.cuh) runs them:
 // per step the exponentials, then the chains; B and C of step t + j from bc(t, j, bv, cv), the 4 steps' y partials
@@ -578,6 +589,244 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcshf
   scan_tiles<16, kStaged, false, 1, true, true>(a);
 }
 
+// ---------------------------------------------------------------------------------------------- backward levels
+// The thread-states backward's algorithm (kernels/bwd/ts.cuh) without the library's generality, on periodic inputs
+// made in the kernel (period kBwdTT in time, as L1's): a block = kBwdCh channels of one batch (lane = channel) x 4
+// warps (warp k = states 4k..4k+3), N = 16. Tiles of kBwdTT steps in reverse: recompute the tile's states from its
+// start (kept in registers, kBwdTT x kS), then sweep it backwards: dh = dout C + g, g = a dh carried to the step
+// before, dA += delta dh a h(t-1), the du/ddelta sums over the thread's states per step (gu = sum dh B, aq = sum
+// A log2e dh a h(t-1)) to shared rows that the tile's epilogue sums over the 4 warps and stores (bf16); dB and dC per
+// (state, step) summed over the block's 32 channels every 4 steps through a per-warp buffer, then one float4 atomic
+// per (state, 4 steps) into fp32 images (kRed), or (!kRed, the constant-B/C form) summed per thread over the whole
+// sequence and stored per (channel, state) at the end.
+//   kPassA  false: every tile's recomputation starts from h = 0 (the tile-start states are not known: the floor of
+//                  the sweep alone); true: a first pass over the tiles stores each tile's start state in a global
+//                  workspace, as the library's pass A does, and the recomputation starts from it (the true backward).
+constexpr int kBwdCh = 32;          // channels a block
+constexpr int kBwdTT = 16;          // steps a tile
+constexpr int kBwdRow = kBwdTT + 4;  // padded channel row (floats)
+constexpr int kBwdRedRow = 36;      // the reduction buffer's rows: 32 lanes + 4 floats, so a quarter-warp's 16-byte
+                                    // reads of 8 different rows fall on 8 different bank quads
+constexpr int kBwdThreads = kBwdCh * 4;
+// Shared memory in floats: dl, du, dt [ch][row]; B, C [t][16]; gu, aq [warp][ch][row]; the reduction buffer
+// [warp][4 steps][8 values][row]; the tile's dB, dC sums [16][t].
+constexpr int kBwdSmemFloats = 3 * kBwdCh * kBwdRow + 2 * kBwdTT * 16 + 2 * 4 * kBwdCh * kBwdRow +
+                               4 * 4 * 8 * kBwdRedRow + 2 * 16 * kBwdTT;
+
+struct BwdArgs {
+  int64_t batch = 0, dim = 0, len = 0;
+  const float* A = nullptr;         // (D, 16)
+  uint16_t *gu = nullptr, *aq = nullptr;  // (Bt, D, L) bf16: sum_n dh B and sum_n A log2e dh a h(t-1) per step
+  float *dB = nullptr, *dC = nullptr;     // kRed: (Bt, 16, L) fp32, zeroed before the launch
+  float *dBc = nullptr, *dCc = nullptr;   // !kRed: (Bt, D, 16) fp32
+  float* dA = nullptr;                    // (Bt, D, 16) fp32
+  float4* ck = nullptr;                   // kPassA: [blocks][tiles][threads] tile-start states
+};
+
+// Periodic inputs of (batch b, channel d or state n, step t): delta' (after softplus), u, dout, B, C.
+__host__ __device__ inline float bwd_dl(uint32_t b, uint32_t d, uint32_t t) { return gen_f32(kTDt, b, d, t % kBwdTT); }
+__host__ __device__ inline float bwd_u(uint32_t b, uint32_t d, uint32_t t) { return gen_f32(kTU, b, d, t % kBwdTT); }
+__host__ __device__ inline float bwd_dout(uint32_t b, uint32_t d, uint32_t t) { return gen_f32(kTZ, b, d, t % kBwdTT); }
+__host__ __device__ inline float bwd_B(uint32_t b, uint32_t n, uint32_t t) { return gen_f32(kTB, b, n, t % kBwdTT); }
+__host__ __device__ inline float bwd_C(uint32_t b, uint32_t n, uint32_t t) { return gen_f32(kTC, b, n, t % kBwdTT); }
+
+__device__ __forceinline__ void red_add4(float* p, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), v);
+#else
+  atomicAdd(p, v.x);
+  atomicAdd(p + 1, v.y);
+  atomicAdd(p + 2, v.z);
+  atomicAdd(p + 3, v.w);
+#endif
+}
+
+template <bool kRed, bool kPassA>
+__device__ __forceinline__ void bwd_tiles(const BwdArgs& a) {
+  extern __shared__ float4 smem4[];
+  float* const sm = reinterpret_cast<float*>(smem4);
+  float* const sDl = sm;
+  float* const sDu = sDl + kBwdCh * kBwdRow;
+  float* const sDt = sDu + kBwdCh * kBwdRow;
+  float* const sB = sDt + kBwdCh * kBwdRow;
+  float* const sC = sB + kBwdTT * 16;
+  float* const sGu = sC + kBwdTT * 16;
+  float* const sAq = sGu + 4 * kBwdCh * kBwdRow;
+  float* const sRed = sAq + 4 * kBwdCh * kBwdRow;
+  float* const sDB = sRed + 4 * 4 * 8 * kBwdRedRow;
+  float* const sDC = sDB + 16 * kBwdTT;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, k = tid >> 5;
+  const int64_t tiles_per_batch = a.dim / kBwdCh;
+  const int64_t b = blockIdx.x / tiles_per_batch;
+  const int64_t d0 = (blockIdx.x % tiles_per_batch) * kBwdCh, d = d0 + lane;
+  const uint32_t ub = static_cast<uint32_t>(b);
+  for (int i = tid; i < kBwdCh * kBwdTT; i += kBwdThreads) {
+    const int c = i / kBwdTT, t = i % kBwdTT;
+    const uint32_t dc = static_cast<uint32_t>(d0 + c);
+    const float dl = bwd_dl(ub, dc, t);
+    sDl[c * kBwdRow + t] = dl;
+    sDu[c * kBwdRow + t] = dl * bwd_u(ub, dc, t);
+    sDt[c * kBwdRow + t] = bwd_dout(ub, dc, t);
+  }
+  for (int i = tid; i < 16 * kBwdTT; i += kBwdThreads) {
+    const int n = i / kBwdTT, t = i % kBwdTT;
+    sB[t * 16 + n] = bwd_B(ub, n, t);
+    sC[t * 16 + n] = bwd_C(ub, n, t);
+  }
+  float a2[kS], gc[kS], dA[kS], aB[kS], aC[kS];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    a2[s] = __ldg(a.A + d * 16 + k * kS + s) * kLog2e;
+    gc[s] = dA[s] = aB[s] = aC[s] = 0.f;
+  }
+  __syncthreads();
+  const float* const dl_row = sDl + lane * kBwdRow;
+  const float* const du_row = sDu + lane * kBwdRow;
+  const float* const dt_row = sDt + lane * kBwdRow;
+  const int64_t nt = a.len / kBwdTT;
+  float4* const myck = a.ck + static_cast<int64_t>(blockIdx.x) * nt * kBwdThreads + tid;
+  // One tile forward from h (4 steps' delta' and delta'u a read, as the library's loops), keeping every step's
+  // states in hs when given.
+  const auto advance = [&](float (&h)[kS], float (*hs)[kS]) {
+#pragma unroll
+    for (int j4 = 0; j4 < kBwdTT; j4 += 4) {
+      const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + j4);
+      const float4 du4 = *reinterpret_cast<const float4*>(du_row + j4);
+      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const float4 bq = *reinterpret_cast<const float4*>(sB + (j4 + jj) * 16 + k * kS);
+        const float bv[kS] = {bq.x, bq.y, bq.z, bq.w};
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          h[s] = fmaf(exp2_fast(dl[jj] * a2[s]), h[s], bv[s] * du[jj]);
+          if (hs != nullptr) hs[j4 + jj][s] = h[s];
+        }
+      }
+    }
+  };
+  if constexpr (kPassA) {
+    float h[kS] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < nt; ++i) {
+      myck[i * kBwdThreads] = make_float4(h[0], h[1], h[2], h[3]);
+      advance(h, nullptr);
+    }
+  }
+  for (int64_t i = nt - 1; i >= 0; --i) {
+    const int64_t t0 = i * kBwdTT;
+    float h0[kS] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (kPassA) {
+      const float4 q = myck[i * kBwdThreads];
+      h0[0] = q.x; h0[1] = q.y; h0[2] = q.z; h0[3] = q.w;
+    }
+    float hs[kBwdTT][kS];
+    {
+      float h[kS] = {h0[0], h0[1], h0[2], h0[3]};
+      advance(h, hs);
+    }
+#pragma unroll
+    for (int j4 = kBwdTT - 4; j4 >= 0; j4 -= 4) {
+      const float4 dl4 = *reinterpret_cast<const float4*>(dl_row + j4);
+      const float4 du4 = *reinterpret_cast<const float4*>(du_row + j4);
+      const float4 dt4 = *reinterpret_cast<const float4*>(dt_row + j4);
+      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+      const float dt[4] = {dt4.x, dt4.y, dt4.z, dt4.w};
+      float gu4[4], aq4[4];
+#pragma unroll
+      for (int jj = 3; jj >= 0; --jj) {
+        const int j = j4 + jj;
+        const float4 bq = *reinterpret_cast<const float4*>(sB + j * 16 + k * kS);
+        const float4 cq = *reinterpret_cast<const float4*>(sC + j * 16 + k * kS);
+        const float bv[kS] = {bq.x, bq.y, bq.z, bq.w}, cv[kS] = {cq.x, cq.y, cq.z, cq.w};
+        float gu = 0.f, aq = 0.f, vals[8];
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          const float e = exp2_fast(dl[jj] * a2[s]);
+          const float dh = fmaf(dt[jj], cv[s], gc[s]);
+          gc[s] = e * dh;
+          const float q = gc[s] * (j > 0 ? hs[j - 1][s] : h0[s]);
+          dA[s] = fmaf(dl[jj], q, dA[s]);
+          aq = fmaf(a2[s], q, aq);
+          gu = fmaf(dh, bv[s], gu);
+          vals[s] = dh * du[jj];
+          vals[4 + s] = dt[jj] * hs[j][s];
+        }
+        gu4[jj] = gu;
+        aq4[jj] = aq;
+        if constexpr (kRed) {
+          float* const slot = sRed + (k * 4 + (j & 3)) * 8 * kBwdRedRow;
+#pragma unroll
+          for (int v = 0; v < 8; ++v) slot[v * kBwdRedRow + lane] = vals[v];
+          if ((j & 3) == 0) {
+            // output (step j + tt, value v) of lane tt * 8 + v: its row of 32 channels, four chains
+            __syncwarp();
+            const int tt = lane >> 3, v = lane & 7;
+            const float* const row = sRed + ((k * 4 + tt) * 8 + v) * kBwdRedRow;
+            float s4[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const float4 x = *reinterpret_cast<const float4*>(row + 4 * c);
+              s4[c] = (x.x + x.y) + (x.z + x.w);
+            }
+#pragma unroll
+            for (int c = 4; c < 8; ++c) {
+              const float4 x = *reinterpret_cast<const float4*>(row + 4 * c);
+              s4[c & 3] += (x.x + x.y) + (x.z + x.w);
+            }
+            (v < 4 ? sDB : sDC)[(k * kS + (v & 3)) * kBwdTT + j + tt] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+            __syncwarp();
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < kS; ++s) {
+            aB[s] += vals[s];
+            aC[s] += vals[4 + s];
+          }
+        }
+      }
+      *reinterpret_cast<float4*>(sGu + (k * kBwdCh + lane) * kBwdRow + j4) = make_float4(gu4[0], gu4[1], gu4[2], gu4[3]);
+      *reinterpret_cast<float4*>(sAq + (k * kBwdCh + lane) * kBwdRow + j4) = make_float4(aq4[0], aq4[1], aq4[2], aq4[3]);
+    }
+    __syncthreads();  // every warp's gu/aq rows and the tile's dB/dC sums are in shared memory
+    {
+      // epilogue item tid: channel c, steps 4q..4q+3
+      const int c = tid >> 2, q = tid & 3;
+      float g[4] = {0.f, 0.f, 0.f, 0.f}, r[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float4 x = *reinterpret_cast<const float4*>(sGu + (kk * kBwdCh + c) * kBwdRow + 4 * q);
+        const float4 y = *reinterpret_cast<const float4*>(sAq + (kk * kBwdCh + c) * kBwdRow + 4 * q);
+        g[0] += x.x; g[1] += x.y; g[2] += x.z; g[3] += x.w;
+        r[0] += y.x; r[1] += y.y; r[2] += y.z; r[3] += y.w;
+      }
+      const int64_t o = (b * a.dim + d0 + c) * a.len + t0 + 4 * q;
+      *reinterpret_cast<uint2*>(a.gu + o) = make_uint2(pack2(g[0], g[1]), pack2(g[2], g[3]));
+      *reinterpret_cast<uint2*>(a.aq + o) = make_uint2(pack2(r[0], r[1]), pack2(r[2], r[3]));
+      if constexpr (kRed) {
+        // dB/dC item tid: state n, B or C, steps 4q..4q+3
+        const int n = tid >> 3, isC = (tid >> 2) & 1;
+        const float4 v = *reinterpret_cast<const float4*>((isC ? sDC : sDB) + n * kBwdTT + 4 * q);
+        red_add4((isC ? a.dC : a.dB) + (b * 16 + n) * a.len + t0 + 4 * q, v);
+      }
+    }
+    __syncthreads();  // the next tile's sweep rewrites the rows the epilogue read
+  }
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    const int64_t o = (b * a.dim + d) * 16 + k * kS + s;
+    a.dA[o] = dA[s];
+    if constexpr (!kRed) {
+      a.dBc[o] = aB[s];
+      a.dCc[o] = aC[s];
+    }
+  }
+}
+
+// 3 blocks of 128 threads per SM (168 registers), as the library's thread-states backward.
+__global__ void __launch_bounds__(kBwdThreads, 3) roofline_bwd_sweep(const BwdArgs a) { bwd_tiles<false, false>(a); }
+__global__ void __launch_bounds__(kBwdThreads, 3) roofline_bwd_red(const BwdArgs a) { bwd_tiles<true, false>(a); }
+__global__ void __launch_bounds__(kBwdThreads, 3) roofline_bwd_passa(const BwdArgs a) { bwd_tiles<true, true>(a); }
+
 // L0: kExpChains chains x <- 2^-x per thread (x stays in [0.5, 1]: no denormal, no overflow), each result also
 // summed, so the output depends on every one of the `iters` * kExpChains exponentials.
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_exp(float* out, int64_t iters) {
@@ -650,7 +899,7 @@ struct Shape {
 struct Options {
   Shape shape;
   int reps = 30, warmup = 10, device = 0, threads = 0;  // threads 0: the library's rule
-  std::set<int> levels = {0, 1, 2, 3, 4};
+  std::set<int> levels = {0, 1, 2, 3, 4, 5, 6};
   bool profile = false;
   std::string json, ncu_csv, shape_text = "8x1536x2048:16";
 };
@@ -662,12 +911,13 @@ const char* const kNcuFilter = "regex:roofline_|fwd_ts_kernel|fwd_warp_kernel";
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: selscan_roofline [--shape BtxDxL:N] [--reps R] [--warmup W] [--levels 0,1,2,3,4]\n"
+               "usage: selscan_roofline [--shape BtxDxL:N] [--reps R] [--warmup W] [--levels 0,1,2,3,4,5,6]\n"
                "                        [--threads 64|128] [--device I] [--json FILE] [--ncu-csv FILE] [--profile]\n"
                "  --shape    problem (default 8x1536x2048:16); N 16 or 32, L a multiple of 32, D of the channels a\n"
                "             block holds (threads / (N/4))\n"
                "  --reps     timed launches per level (default 30; the median is reported), --warmup untimed before (10)\n"
-               "  --levels   which levels to run (0 exp, 1 recurrence, 2 on-chip, 3 staged, 4 library)\n"
+               "  --levels   which levels to run (0 exp, 1 recurrence, 2 on-chip, 3 staged, 4 library; backward, N 16\n"
+               "             only: 5 sweep, 6 sweep + pass A)\n"
                "  --threads  threads per block (default: 64 when 128 leaves fewer than 4 blocks per SM, as the\n"
                "             library's thread-states forward chooses, else 128)\n"
                "  --json     also write the results as JSON\n"
@@ -721,7 +971,7 @@ Options parse(int argc, char** argv) {
       size_t p = 0;
       while (p <= v.size()) {
         const size_t q = std::min(v.find(',', p), v.size());
-        o.levels.insert(static_cast<int>(as_int(v.substr(p, q - p), "--levels", 0, 4)));
+        o.levels.insert(static_cast<int>(as_int(v.substr(p, q - p), "--levels", 0, 6)));
         p = q + 1;
       }
     } else if (a == "--json") {
@@ -903,6 +1153,7 @@ struct LevelDef {
   std::function<void(const Set&, cudaStream_t)> launch;
   bool writes_out, writes_out_z;
   double bytes;
+  std::function<void(cudaStream_t)> poison = nullptr;  // the level's own outputs, poisoned before its checked launch
 };
 
 struct Result {
@@ -972,6 +1223,58 @@ double row_error(const std::vector<uint16_t>& got, const std::vector<double>& re
     worst = std::max(worst, e);
   }
   return worst;
+}
+
+// One channel (b, d) of the backward levels in float64 (kernel bwd_tiles' inputs and algorithm; restart: every
+// tile's states recomputed from 0, as B1 does): gu and aq per step, dA and the whole-sequence dB/dC sums per state;
+// when dB / dC are given ([16][L]), the channel's per-step dB/dC terms are added to them.
+struct BwdChannel {
+  std::vector<double> gu, aq;
+  double dA[16] = {}, dBc[16] = {}, dCc[16] = {};
+};
+void reference_bwd_channel(const Shape& s, bool restart, int64_t b, int64_t d, BwdChannel* out, double* dB, double* dC) {
+  const int64_t L = s.len;
+  const uint32_t ub = static_cast<uint32_t>(b), ud = static_cast<uint32_t>(d);
+  std::vector<double> h(static_cast<size_t>(L) * 16), hp(static_cast<size_t>(L) * 16);  // h(t) and h(t-1) as used
+  double cur[16] = {};
+  for (int64_t t = 0; t < L; ++t) {
+    if (restart && t % kBwdTT == 0) std::fill(cur, cur + 16, 0.0);
+    const double dl = bwd_dl(ub, ud, uint32_t(t)), du = dl * double(bwd_u(ub, ud, uint32_t(t)));
+    const double e1 = std::exp(-dl);  // exp(delta A_n) = e1^(n+1): one exp a step (the check runs every channel)
+    double a = 1;
+    for (int n = 0; n < 16; ++n) {
+      a *= e1;
+      hp[size_t(t * 16 + n)] = cur[n];
+      cur[n] = a * cur[n] + double(bwd_B(ub, uint32_t(n), uint32_t(t))) * du;
+      h[size_t(t * 16 + n)] = cur[n];
+    }
+  }
+  out->gu.assign(size_t(L), 0.0);
+  out->aq.assign(size_t(L), 0.0);
+  double g[16] = {};
+  for (int64_t t = L - 1; t >= 0; --t) {
+    const double dl = bwd_dl(ub, ud, uint32_t(t)), du = dl * double(bwd_u(ub, ud, uint32_t(t)));
+    const double dt = bwd_dout(ub, ud, uint32_t(t)), e1 = std::exp(-dl);
+    double gu = 0, aq = 0, a = 1;
+    for (int n = 0; n < 16; ++n) {
+      a *= e1;
+      const double dh = dt * double(bwd_C(ub, uint32_t(n), uint32_t(t))) + g[n];
+      g[n] = a * dh;
+      const double q = g[n] * hp[size_t(t * 16 + n)];
+      out->dA[n] += dl * q;
+      aq += -double(n + 1) * double(kLog2e) * q;
+      gu += dh * double(bwd_B(ub, uint32_t(n), uint32_t(t)));
+      const double db = dh * du, dc = dt * h[size_t(t * 16 + n)];
+      out->dBc[n] += db;
+      out->dCc[n] += dc;
+      if (dB != nullptr) {
+        dB[n * L + t] += db;
+        dC[n * L + t] += dc;
+      }
+    }
+    out->gu[size_t(t)] = gu;
+    out->aq[size_t(t)] = aq;
+  }
 }
 
 std::string fmt(const char* f, double v) {
@@ -1224,6 +1527,63 @@ int main(int argc, char** argv) {
                   },
                   true, true, staged_bytes + 4.0 * double(S.batch * S.dim * N)});
 
+  // ---- the backward levels: their own outputs (the forward's buffers are not read)
+  const bool want_bwd = opt.levels.count(kBwdSweep) || opt.levels.count(kBwdPassA);
+  std::string bwd_problem;
+  if (N != 16 || S.dim % kBwdCh != 0)
+    bwd_problem = "the backward levels need N = 16 and D a multiple of " + std::to_string(kBwdCh);
+  const int64_t bwd_blocks = S.batch * S.dim / kBwdCh, bwd_ntiles = S.len / kBwdTT;
+  const size_t bwd_smem = sizeof(float) * size_t(kBwdSmemFloats);
+  const size_t bdn_bytes = sizeof(float) * size_t(S.batch * S.dim * 16), bnl_f32 = sizeof(float) * size_t(S.bnl());
+  BwdArgs bw;
+  if (want_bwd && bwd_problem.empty()) {
+    bw.batch = S.batch;
+    bw.dim = S.dim;
+    bw.len = S.len;
+    bw.A = dA;
+    ck(cudaMalloc(&bw.gu, btl_bytes), "cudaMalloc(bwd gu)");
+    ck(cudaMalloc(&bw.aq, btl_bytes), "cudaMalloc(bwd aq)");
+    ck(cudaMalloc(&bw.dB, bnl_f32), "cudaMalloc(bwd dB)");
+    ck(cudaMalloc(&bw.dC, bnl_f32), "cudaMalloc(bwd dC)");
+    ck(cudaMalloc(&bw.dBc, bdn_bytes), "cudaMalloc(bwd dB sums)");
+    ck(cudaMalloc(&bw.dCc, bdn_bytes), "cudaMalloc(bwd dC sums)");
+    ck(cudaMalloc(&bw.dA, bdn_bytes), "cudaMalloc(bwd dA)");
+    if (opt.levels.count(kBwdPassA))
+      ck(cudaMalloc(&bw.ck, sizeof(float4) * size_t(bwd_blocks * bwd_ntiles * kBwdThreads)), "cudaMalloc(checkpoints)");
+    for (auto k : {roofline_bwd_sweep, roofline_bwd_red, roofline_bwd_passa})
+      ck(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bwd_smem)),
+         "cudaFuncSetAttribute(backward shared memory)");
+  }
+  const auto bwd = [&](void (*k)(const BwdArgs), bool red) {
+    return [=](const Set&, cudaStream_t s) {
+      if (red) {  // the atomically summed images start at 0, as the library's workspace images do
+        ck(cudaMemsetAsync(bw.dB, 0, bnl_f32, s), "cudaMemsetAsync(dB)");
+        ck(cudaMemsetAsync(bw.dC, 0, bnl_f32, s), "cudaMemsetAsync(dC)");
+      }
+      k<<<static_cast<unsigned>(bwd_blocks), kBwdThreads, bwd_smem, s>>>(bw);
+    };
+  };
+  const auto bwd_poison = [&](cudaStream_t s) {
+    ck(cudaMemsetAsync(bw.gu, 0xff, btl_bytes, s), "cudaMemsetAsync(poison gu)");
+    ck(cudaMemsetAsync(bw.aq, 0xff, btl_bytes, s), "cudaMemsetAsync(poison aq)");
+    for (float* p : {bw.dBc, bw.dCc, bw.dA}) ck(cudaMemsetAsync(p, 0xff, bdn_bytes, s), "cudaMemsetAsync(poison)");
+  };
+  // Bytes: gu and aq out (bf16), dB/dC atomics (read and written) or the per-thread sums, dA; pass A: the
+  // checkpoints written and read back.
+  const double bwd_out = 2 * io_bytes + 3.0 * double(bdn_bytes), bwd_red = 4.0 * double(bnl_f32);
+  const double bwd_ck = 2.0 * 16 * double(bwd_blocks * bwd_ntiles * kBwdThreads);
+  defs.push_back({kBwdSweep, "B1 bwd sweep", "roofline_bwd_sweep",
+                  "backward: per 16-step tile the states recomputed from 0 and swept back (dh, carry, dA, du/ddelta "
+                  "sums out as bf16); dB/dC summed per thread (constant-B/C form); inputs made in the kernel",
+                  bwd(roofline_bwd_sweep, false), false, false, bwd_out, bwd_poison});
+  defs.push_back({kBwdSweep, "B1 bwd red", "roofline_bwd_red",
+                  "B1 sweep with variable dB/dC: summed over the block's 32 channels every 4 steps (per-warp buffer), "
+                  "a float4 atomic per state and 4 steps",
+                  bwd(roofline_bwd_red, true), false, false, bwd_out + bwd_red, bwd_poison});
+  defs.push_back({kBwdPassA, "B2 bwd passA", "roofline_bwd_passa",
+                  "B1 red + the library's pass A: tile-start states stored by a forward pass, recomputation from them",
+                  bwd(roofline_bwd_passa, true), false, false, bwd_out + bwd_red + bwd_ck, bwd_poison});
+
   // Sampled channels: both ends, block edges, and a few spread by the hash; every step of each.
   std::vector<std::pair<int64_t, int64_t>> samples = {{0, 0},
                                                        {0, CH - 1},
@@ -1236,8 +1596,104 @@ int main(int argc, char** argv) {
   std::sort(samples.begin(), samples.end());
   samples.erase(std::unique(samples.begin(), samples.end()), samples.end());
 
+  // The backward levels' float64 results, by restart flag: the sampled channels, and every channel of the first and
+  // last batch for the dB/dC rows.
+  struct BwdRefs {
+    bool made = false;
+    std::map<std::pair<int64_t, int64_t>, BwdChannel> ch;
+    std::map<int64_t, std::vector<double>> dB, dC;  // by batch: [16][L]
+  };
+  BwdRefs bwd_refs[2];
+  const std::vector<int64_t> bwd_row_batches = S.batch > 1 ? std::vector<int64_t>{0, S.batch - 1} : std::vector<int64_t>{0};
+  const auto bwd_reference = [&](bool restart) -> const BwdRefs& {
+    BwdRefs& r = bwd_refs[restart ? 1 : 0];
+    if (r.made) return r;
+    for (int64_t b : bwd_row_batches) {
+      std::vector<double>& rb = r.dB[b];
+      std::vector<double>& rc = r.dC[b];
+      rb.assign(size_t(16 * S.len), 0.0);
+      rc.assign(size_t(16 * S.len), 0.0);
+      BwdChannel one;
+      for (int64_t d = 0; d < S.dim; ++d) {
+        reference_bwd_channel(S, restart, b, d, &one, rb.data(), rc.data());
+        for (const auto& sd : samples)
+          if (sd.first == b && sd.second == d) r.ch[sd] = one;
+      }
+    }
+    for (const auto& sd : samples)
+      if (!r.ch.count(sd)) reference_bwd_channel(S, restart, sd.first, sd.second, &r.ch[sd], nullptr, nullptr);
+    r.made = true;
+    return r;
+  };
+  // max |got - ref| / (|ref| + rms(ref)) over the values given
+  const auto rel_err = [](const std::vector<double>& got, const std::vector<double>& ref) {
+    double ss = 0;
+    for (double x : ref) ss += x * x;
+    const double rms = std::sqrt(ss / double(ref.size())) + 1e-30;
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - ref[i]) / (std::fabs(ref[i]) + rms) : 1e30);
+    return worst;
+  };
+  const auto check_bwd = [&](const LevelDef& L, std::string* what) -> bool {
+    const bool restart = L.level == kBwdSweep, red = L.kernel != "roofline_bwd_sweep";
+    for (const uint16_t* p : {bw.gu, bw.aq}) {
+      ck(cudaMemsetAsync(dBad, 0, sizeof *dBad, stream), "cudaMemsetAsync");
+      count_bad_bf16<<<4 * dev.sms, 256, 0, stream>>>(p, S.btl(), dBad);
+      unsigned long long bad = 0;
+      ck(cudaMemcpyAsync(&bad, dBad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+      ck(cudaStreamSynchronize(stream), "count_bad_bf16");
+      if (bad != 0) {
+        *what = std::to_string(bad) + (p == bw.gu ? " elements of gu" : " elements of aq") +
+                " unwritten (still the NaN poison) or not finite";
+        return false;
+      }
+    }
+    const BwdRefs& ref = bwd_reference(restart);
+    double e_rows = 0, e_state = 0, e_db = 0;
+    std::vector<uint16_t> got(static_cast<size_t>(S.len));
+    std::vector<float> g16(16);
+    for (const auto& sd : samples) {
+      const BwdChannel& rc = ref.ch.at(sd);
+      const size_t off = static_cast<size_t>((sd.first * S.dim + sd.second) * S.len);
+      ck(cudaMemcpy(got.data(), bw.gu + off, S.len * 2, cudaMemcpyDeviceToHost), "cudaMemcpy(gu row)");
+      e_rows = std::max(e_rows, row_error(got, rc.gu));
+      ck(cudaMemcpy(got.data(), bw.aq + off, S.len * 2, cudaMemcpyDeviceToHost), "cudaMemcpy(aq row)");
+      e_rows = std::max(e_rows, row_error(got, rc.aq));
+      const size_t so = static_cast<size_t>((sd.first * S.dim + sd.second) * 16);
+      const std::pair<const float*, const double*> per_state[] = {{bw.dA, rc.dA}, {bw.dBc, rc.dBc}, {bw.dCc, rc.dCc}};
+      for (int w = 0; w < (red ? 1 : 3); ++w) {
+        ck(cudaMemcpy(g16.data(), per_state[w].first + so, 16 * sizeof(float), cudaMemcpyDeviceToHost),
+           "cudaMemcpy(per-state sums)");
+        e_state = std::max(e_state, rel_err(std::vector<double>(g16.begin(), g16.end()),
+                                            std::vector<double>(per_state[w].second, per_state[w].second + 16)));
+      }
+    }
+    if (red) {
+      std::vector<float> row(static_cast<size_t>(S.len));
+      for (int64_t b : bwd_row_batches)
+        for (int n : {0, 7, 15})
+          for (int isC = 0; isC < 2; ++isC) {
+            const std::vector<double>& full = (isC ? ref.dC : ref.dB).at(b);
+            ck(cudaMemcpy(row.data(), (isC ? bw.dC : bw.dB) + (b * 16 + n) * S.len, S.len * sizeof(float),
+                          cudaMemcpyDeviceToHost),
+               "cudaMemcpy(dB/dC row)");
+            e_db = std::max(e_db, rel_err(std::vector<double>(row.begin(), row.end()),
+                                          std::vector<double>(full.begin() + n * S.len, full.begin() + (n + 1) * S.len)));
+          }
+    }
+    // gu/aq are bf16 (kTol as the forward's outputs); the fp32 sums err by ~1e-6 relative, the approximate ex2 by
+    // ~1e-7 per step.
+    constexpr double kTolF32 = 1e-3;
+    *what = "max err gu/aq " + fmt("%.1e", e_rows) + ", dA" + (red ? "" : "/dB/dC sums") + " " + fmt("%.1e", e_state) +
+            (red ? ", dB/dC rows " + fmt("%.1e", e_db) : std::string()) + " (" + std::to_string(samples.size()) +
+            " channels x every step vs float64; tol " + fmt("%.0e", kTol) + " bf16, " + fmt("%.0e", kTolF32) + " fp32)";
+    return e_rows <= kTol && e_state <= kTolF32 && e_db <= kTolF32;
+  };
+
   const auto check = [&](const LevelDef& L, const Set& st, std::string* what) -> bool {
     ck(cudaStreamSynchronize(stream), ("running " + L.name).c_str());
+    if (L.level >= kBwdSweep) return check_bwd(L, what);
     if (L.level == kExp) {
       std::vector<float> got(static_cast<size_t>(blocks * threads));
       ck(cudaMemcpy(got.data(), dExp, got.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy(exp out)");
@@ -1308,10 +1764,15 @@ int main(int argc, char** argv) {
       all_ok = false;
       continue;
     }
+    if (L.level >= kBwdSweep && !bwd_problem.empty()) {  // a shape the backward levels do not cover: not a failure
+      r.check = "not run: " + bwd_problem;
+      continue;
+    }
     r.ran = true;
     // The checked launch, on poisoned outputs.
     ck(cudaMemsetAsync(sets[0].out, 0xff, btl_bytes, stream), "cudaMemsetAsync(poison)");
     ck(cudaMemsetAsync(sets[0].out_z, 0xff, btl_bytes, stream), "cudaMemsetAsync(poison)");
+    if (L.poison) L.poison(stream);
     L.launch(sets[0], stream);
     ck(cudaGetLastError(), ("launching " + L.name).c_str());
     r.ok = check(L, sets[0], &r.check);
@@ -1474,7 +1935,10 @@ int main(int argc, char** argv) {
   for (Set& st : sets)
     for (uint16_t* p : {st.u, st.delta, st.z, st.B, st.C, st.out, st.out_z}) cudaFree(p);
   for (void* p : {static_cast<void*>(dA), static_cast<void*>(dD), static_cast<void*>(dBias),
-                  static_cast<void*>(dLast), static_cast<void*>(dExp), static_cast<void*>(dBad), workspace})
+                  static_cast<void*>(dLast), static_cast<void*>(dExp), static_cast<void*>(dBad), workspace,
+                  static_cast<void*>(bw.gu), static_cast<void*>(bw.aq), static_cast<void*>(bw.dB),
+                  static_cast<void*>(bw.dC), static_cast<void*>(bw.dBc), static_cast<void*>(bw.dCc),
+                  static_cast<void*>(bw.dA), static_cast<void*>(bw.ck)})
     if (p != nullptr) cudaFree(p);
   return all_ok ? 0 : 1;
 }
