@@ -49,6 +49,7 @@
 
 namespace roofline {
 
+using selscan::kern::add_f4;
 using selscan::kern::exp2_fast;
 using selscan::kern::kLog2e;
 using selscan::kern::silu;
@@ -599,6 +600,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcshf
 // (state, step) summed over the block's 32 channels every 4 steps through a per-warp buffer, then one float4 atomic
 // per (state, 4 steps) into fp32 images (kRed), or (!kRed, the constant-B/C form) summed per thread over the whole
 // sequence and stored per (channel, state) at the end.
+// The sweep is written out here as in the library on purpose: calling the library's code would change the code it
+// measures (its staging, conversions and general-purpose paths are what B2 against the library's time shows).
 //   kPassA  false: every tile's recomputation starts from h = 0 (the tile-start states are not known: the floor of
 //                  the sweep alone); true: a first pass over the tiles stores each tile's start state in a global
 //                  workspace, as the library's pass A does, and the recomputation starts from it (the true backward).
@@ -629,17 +632,6 @@ __host__ __device__ inline float bwd_u(uint32_t b, uint32_t d, uint32_t t) { ret
 __host__ __device__ inline float bwd_dout(uint32_t b, uint32_t d, uint32_t t) { return gen_f32(kTZ, b, d, t % kBwdTT); }
 __host__ __device__ inline float bwd_B(uint32_t b, uint32_t n, uint32_t t) { return gen_f32(kTB, b, n, t % kBwdTT); }
 __host__ __device__ inline float bwd_C(uint32_t b, uint32_t n, uint32_t t) { return gen_f32(kTC, b, n, t % kBwdTT); }
-
-__device__ __forceinline__ void red_add4(float* p, float4 v) {
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(p), v);
-#else
-  atomicAdd(p, v.x);
-  atomicAdd(p + 1, v.y);
-  atomicAdd(p + 2, v.z);
-  atomicAdd(p + 3, v.w);
-#endif
-}
 
 template <bool kRed, bool kPassA>
 __device__ __forceinline__ void bwd_tiles(const BwdArgs& a) {
@@ -806,7 +798,7 @@ __device__ __forceinline__ void bwd_tiles(const BwdArgs& a) {
         // dB/dC item tid: state n, B or C, steps 4q..4q+3
         const int n = tid >> 3, isC = (tid >> 2) & 1;
         const float4 v = *reinterpret_cast<const float4*>((isC ? sDC : sDB) + n * kBwdTT + 4 * q);
-        red_add4((isC ? a.dC : a.dB) + (b * 16 + n) * a.len + t0 + 4 * q, v);
+        add_f4((isC ? a.dC : a.dB) + (b * 16 + n) * a.len + t0 + 4 * q, v);
       }
     }
     __syncthreads();  // the next tile's sweep rewrites the rows the epilogue read
@@ -1596,6 +1588,15 @@ int main(int argc, char** argv) {
   std::sort(samples.begin(), samples.end());
   samples.erase(std::unique(samples.begin(), samples.end()), samples.end());
 
+  // Elements of a (Bt, D, L) bf16 output still the NaN poison or not finite.
+  const auto count_bad = [&](const uint16_t* p) {
+    ck(cudaMemsetAsync(dBad, 0, sizeof *dBad, stream), "cudaMemsetAsync");
+    count_bad_bf16<<<4 * dev.sms, 256, 0, stream>>>(p, S.btl(), dBad);
+    unsigned long long bad = 0;
+    ck(cudaMemcpyAsync(&bad, dBad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    ck(cudaStreamSynchronize(stream), "count_bad_bf16");
+    return bad;
+  };
   // The backward levels' float64 results, by restart flag: the sampled channels, and every channel of the first and
   // last batch for the dB/dC rows.
   struct BwdRefs {
@@ -1638,12 +1639,7 @@ int main(int argc, char** argv) {
   const auto check_bwd = [&](const LevelDef& L, std::string* what) -> bool {
     const bool restart = L.level == kBwdSweep, red = L.kernel != "roofline_bwd_sweep";
     for (const uint16_t* p : {bw.gu, bw.aq}) {
-      ck(cudaMemsetAsync(dBad, 0, sizeof *dBad, stream), "cudaMemsetAsync");
-      count_bad_bf16<<<4 * dev.sms, 256, 0, stream>>>(p, S.btl(), dBad);
-      unsigned long long bad = 0;
-      ck(cudaMemcpyAsync(&bad, dBad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-      ck(cudaStreamSynchronize(stream), "count_bad_bf16");
-      if (bad != 0) {
+      if (const unsigned long long bad = count_bad(p); bad != 0) {
         *what = std::to_string(bad) + (p == bw.gu ? " elements of gu" : " elements of aq") +
                 " unwritten (still the NaN poison) or not finite";
         return false;
@@ -1719,12 +1715,7 @@ int main(int argc, char** argv) {
     // Every element written and finite.
     for (int which = 0; which < 2; ++which) {
       if (!(which == 0 ? L.writes_out : L.writes_out_z)) continue;
-      ck(cudaMemsetAsync(dBad, 0, sizeof *dBad, stream), "cudaMemsetAsync");
-      count_bad_bf16<<<4 * dev.sms, 256, 0, stream>>>(which == 0 ? st.out : st.out_z, S.btl(), dBad);
-      unsigned long long bad = 0;
-      ck(cudaMemcpyAsync(&bad, dBad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-      ck(cudaStreamSynchronize(stream), "count_bad_bf16");
-      if (bad != 0) {
+      if (const unsigned long long bad = count_bad(which == 0 ? st.out : st.out_z); bad != 0) {
         *what = std::to_string(bad) + (which == 0 ? " elements of out" : " elements of out_z") +
                 " unwritten (still the NaN poison) or not finite";
         return false;

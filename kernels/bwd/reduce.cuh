@@ -29,16 +29,6 @@ struct Args {
   float* vc;  // variable dC likewise
 };
 
-__device__ __forceinline__ void add_f4(float* dst, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(dst), v);
-#else
-  atomicAdd(dst, v.x);
-  atomicAdd(dst + 1, v.y);
-  atomicAdd(dst + 2, v.z);
-  atomicAdd(dst + 3, v.w);
-#endif
-}
 
 // What bwd_finish reads: the sizes, the parameter gradients' views and the workspace regions, and no more. The
 // runtime copies a kernel's argument into every launch, so this short struct instead of Args (a whole Problem,

@@ -191,4 +191,16 @@ __device__ __forceinline__ void warp_scan_fwd(W& a, W& b, int /*lane*/) {
   b = r.b;
 }
 
+// dst[0..3] += v in global memory: one vector atomic where the GPU has it (sm_90+), else four.
+__device__ __forceinline__ void add_f4(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), v);
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
 }  // namespace selscan::kern
