@@ -444,9 +444,10 @@ if named ab; then
   # $ARCH into $BUILD-ab-<folder name> (kept, so a later call with the same folder rebuilds nothing), or, where the
   # tree has its own build from its gpu-check.sh build step (<tree>/$BUILD, tests and apps in it), that one brought up
   # to date; the binaries alternated AB_ROUNDS times (default 2: one pass over the default rows takes about 90 s on an
-  # H200, so a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows, ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better
-  # median of the rounds per row and tree, and each other tree's ratio to this one, in ab.md. A kernel change is kept
-  # when its rows win here and its tests pass on its own commit.
+  # H200, so a build and 3 rounds overrun a 10-minute call) over AB_FILTER (default the issue #20 table's rows,
+  # ^gpu/(fwd|fwd_infer|bwd)/), 3 repetitions each; the better median of the rounds per row and tree, and each other
+  # tree's ratio to this one, in ab.md. A kernel change is kept when its rows win here and its tests pass on its own
+  # commit.
   # AB_PATCH: patch files (e.g. validation/candidates/*.patch), each applied to a copy of this tree's files in
   # build/ab-src/<patch name> and measured like an AB_TREE folder; the copy is made again only when the patch or this
   # tree's files changed, so its build is reused on a machine that keeps build/. No folder needs carrying.
@@ -457,9 +458,10 @@ if named ab; then
   clis=("$BUILD/selscan")  # the command-line program beside each selscan_bench, for AB_CLI
   ok=1
   files() { git ls-files -z --cached --others --exclude-standard; }  # this tree's files, ignored ones left out
+  [ -n "${AB_PATCH:-}" ] && tree_sum=$(files | xargs -0 sha1sum 2>/dev/null | sha1sum)  # once for every patch
   for pf in ${AB_PATCH:-}; do
     src=build/ab-src/$(basename "$pf" .patch)
-    stamp=$( { sha1sum "$pf"; files | xargs -0 sha1sum 2>/dev/null; } | sha1sum)
+    stamp=$(echo "$(sha1sum <"$pf") $tree_sum")
     if [ "$(cat "$src/.ab-stamp" 2>/dev/null)" != "$stamp" ]; then
       rm -rf "$src" && mkdir -p "$src" &&
         files | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src"

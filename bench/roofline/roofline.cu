@@ -676,7 +676,7 @@ __device__ __forceinline__ void bwd_tiles(const BwdArgs& a) {
   const float* const du_row = sDu + lane * kBwdRow;
   const float* const dt_row = sDt + lane * kBwdRow;
   const int64_t nt = a.len / kBwdTT;
-  float4* const myck = a.ck + static_cast<int64_t>(blockIdx.x) * nt * kBwdThreads + tid;
+  float4* const myck = kPassA ? a.ck + static_cast<int64_t>(blockIdx.x) * nt * kBwdThreads + tid : nullptr;
   // One tile forward from h (4 steps' delta' and delta'u a read, as the library's loops), keeping every step's
   // states in hs when given.
   const auto advance = [&](float (&h)[kS], float (*hs)[kS]) {
@@ -1201,20 +1201,23 @@ void reference_row(const Shape& s, int lv, int64_t b, int64_t d, std::vector<dou
   }
 }
 
-// max over the row of |got - ref| / (|ref| + rms(ref)): the bf16 rounding of the outputs alone gives up to 2^-8 (0.004);
-// a wrong or skipped computation gives O(1).
-constexpr double kTol = 1e-2;
-double row_error(const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+// max over the values of |got - ref| / (|ref| + rms(ref)), a value that is not finite counting as 1e30.
+double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
   double ss = 0;
   for (double r : ref) ss += r * r;
   const double rms = std::sqrt(ss / double(ref.size())) + 1e-30;
   double worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = bf16_f32(got[i]);
-    const double e = std::isfinite(g) ? std::fabs(g - ref[i]) / (std::fabs(ref[i]) + rms) : 1e30;
-    worst = std::max(worst, e);
-  }
+  for (size_t i = 0; i < ref.size(); ++i)
+    worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - ref[i]) / (std::fabs(ref[i]) + rms) : 1e30);
   return worst;
+}
+// rel_err of a bf16 row: the bf16 rounding of the outputs alone gives up to 2^-8 (0.004); a wrong or skipped
+// computation gives O(1).
+constexpr double kTol = 1e-2;
+double row_error(const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+  std::vector<double> g(got.size());
+  for (size_t i = 0; i < got.size(); ++i) g[i] = bf16_f32(got[i]);
+  return rel_err(g, ref);
 }
 
 // One channel (b, d) of the backward levels in float64 (kernel bwd_tiles' inputs and algorithm; restart: every
@@ -1625,16 +1628,6 @@ int main(int argc, char** argv) {
       if (!r.ch.count(sd)) reference_bwd_channel(S, restart, sd.first, sd.second, &r.ch[sd], nullptr, nullptr);
     r.made = true;
     return r;
-  };
-  // max |got - ref| / (|ref| + rms(ref)) over the values given
-  const auto rel_err = [](const std::vector<double>& got, const std::vector<double>& ref) {
-    double ss = 0;
-    for (double x : ref) ss += x * x;
-    const double rms = std::sqrt(ss / double(ref.size())) + 1e-30;
-    double worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - ref[i]) / (std::fabs(ref[i]) + rms) : 1e30);
-    return worst;
   };
   const auto check_bwd = [&](const LevelDef& L, std::string* what) -> bool {
     const bool restart = L.level == kBwdSweep, red = L.kernel != "roofline_bwd_sweep";

@@ -29,7 +29,6 @@ struct Args {
   float* vc;  // variable dC likewise
 };
 
-
 // What bwd_finish reads: the sizes, the parameter gradients' views and the workspace regions, and no more. The
 // runtime copies a kernel's argument into every launch, so this short struct instead of Args (a whole Problem,
 // ~1.3 KB) is part of the backward's host cost.
