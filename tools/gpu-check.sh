@@ -52,8 +52,8 @@
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
 # Step `ab`, not part of all either: this tree's selscan_bench rows beside other trees' (AB_TREE, one or more exports
 #   inside this tree, separated by spaces; AB_PATCH, patch files applied to copies of this tree), alternated
-#   AB_ROUNDS times over AB_FILTER, in ab.md; with AB_CLI, the `selscan` command with those arguments from every
-#   tree's build, alternated likewise, in ab-cli.txt.
+#   AB_ROUNDS times over AB_FILTER, in ab.md; with AB_CLI, the `selscan` commands with those arguments (';' between
+#   commands) from every tree's build, alternated likewise, in ab-cli.txt.
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -528,16 +528,23 @@ PY
     note "ab: rc=$? (ab.md)"
     # AB_CLI: arguments of `selscan` (e.g. "bench --device cuda --dtype fp16 --shape 8x1536x2048:16 --iters 50", for
     # rows selscan_bench does not have), run from every tree's build, alternated the same way, into ab-cli.txt.
+    # Several commands separated by ';' run one after the other (e.g. a `run`, whose float64 check fails a tree
+    # that computes wrong, before a `bench`); every failing one is named in the summary.
     if [ -n "${AB_CLI:-}" ]; then
       names=("this tree" "${trees[@]}")
+      IFS=';' read -ra cli_cmds <<<"$AB_CLI"
+      cli_fail=()
+      : >"$OUT/ab-cli.txt"
       for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         for i in "${!clis[@]}"; do
-          echo "== round $round: ${names[$i]}"
-          # shellcheck disable=SC2086  # AB_CLI is an argument list
-          "${clis[$i]}" $AB_CLI 2>&1
+          for cmd in "${cli_cmds[@]}"; do
+            read -ra words <<<"$cmd"
+            echo "== round $round: ${names[$i]}: selscan ${words[*]}"
+            "${clis[$i]}" "${words[@]}" 2>&1 || cli_fail+=("${names[$i]}: selscan ${words[*]} (round $round)")
+          done >>"$OUT/ab-cli.txt"
         done
-      done >"$OUT/ab-cli.txt"
-      note "ab: AB_CLI rc=$? (ab-cli.txt)"
+      done
+      note "ab: AB_CLI (ab-cli.txt): ${#cli_fail[@]} failed${cli_fail:+: ${cli_fail[*]}}"
     fi
   fi
 fi
