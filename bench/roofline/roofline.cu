@@ -1230,6 +1230,7 @@ struct BwdChannel {
 void reference_bwd_channel(const Shape& s, bool restart, int64_t b, int64_t d, BwdChannel* out, double* dB, double* dC) {
   const int64_t L = s.len;
   const uint32_t ub = static_cast<uint32_t>(b), ud = static_cast<uint32_t>(d);
+  *out = BwdChannel{};  // the caller reuses one for every channel of a batch: the per-state sums start at 0
   std::vector<double> h(static_cast<size_t>(L) * 16), hp(static_cast<size_t>(L) * 16);  // h(t) and h(t-1) as used
   double cur[16] = {};
   for (int64_t t = 0; t < L; ++t) {
