@@ -461,7 +461,7 @@ if named ab; then
   [ -n "${AB_PATCH:-}" ] && tree_sum=$(files | xargs -0 sha1sum 2>/dev/null | sha1sum)  # once for every patch
   for pf in ${AB_PATCH:-}; do
     src=build/ab-src/$(basename "$pf" .patch)
-    stamp=$(echo "$(sha1sum <"$pf") $tree_sum")
+    stamp="$(sha1sum <"$pf") $tree_sum"
     if [ "$(cat "$src/.ab-stamp" 2>/dev/null)" != "$stamp" ]; then
       rm -rf "$src" && mkdir -p "$src" &&
         files | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src"
