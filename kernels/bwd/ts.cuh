@@ -185,11 +185,18 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
 
     // ---- staging: the raw tile at t0 into shared memory (async). Pass B also needs dout, z, out and C. The two
     // element-wise fallbacks below stay written out: one shared helper added spills and measured slower.
+    // The chunks are dealt so that every warp issues its share (the barrier after the sweep waits for the slowest
+    // warp): where the block has at least two threads per chunk of a tensor (16-bit rows: 64 chunks, 128 threads),
+    // its groups of kCpt threads take the tensors in turn, and the B/C rows go first to the group with fewer of them.
+    // Dealt from thread 0 per tensor, warp 0 issued 7 chunks of a 16-bit pass-B tile and warps 2 and 3 none.
     const auto issue = [&](int64_t t0, bool full) {
+      constexpr int kCpt = kCh * QPR;  // chunks of one tensor's rows
       const int nten = full ? (hasZ ? 5 : 3) : 2;
-      for (int ten = 0; ten < nten; ++ten) {
+      const int grps = NT >= 2 * kCpt ? NT / kCpt : 1;
+      const int sub = grps > 1 ? tid / kCpt : 0;  // this thread's group (grps * kCpt == NT when grps > 1)
+      for (int ten = sub; ten < nten; ten += grps) {
         const View& v = ten == 0 ? p.u : ten == 1 ? p.delta : ten == 2 ? p.dout : ten == 3 ? p.z : p.out;
-        for (int i = tid; i < kCh * QPR; i += NT) {
+        for (int i = tid - sub * kCpt; i < kCpt; i += NT) {
           const int c = i / QPR, q = i % QPR;
           const int64_t e = t0 + q * VE;
           unsigned char* dst = raw + ((ten * kCh + raw_slot(c)) * kTT + q * VE) * isz;
@@ -210,10 +217,16 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
           }
         }
       }
+      // B's first chunk, rotated to start at the group with fewer tensors (C's continues where B's ends); fp32 blocks
+      // deal B and C from thread 0 as before: the rotated deal moved spills into its tile loop (ptxas, sm_90).
+      constexpr bool kRotate = isz == 2;
+      int first = kRotate ? tid - (nten % grps) * kCpt : tid;
       for (int isC = 0; isC < 2; ++isC) {
         if (isC ? !(full && varC) : !varB) continue;
         const View& v = isC ? p.C : p.B;
-        for (int i = tid; i < N * QPR; i += NT) {
+        const int nq = static_cast<int>(N) * QPR;
+        if (kRotate && first < 0) first += NT;
+        for (int i = first; i < nq; i += NT) {
           const int n = i / QPR, q = i % QPR;
           const int64_t e = t0 + q * VE;
           unsigned char* dst = raw + ((5 * kCh + isC * NP + n) * kTT + q * VE) * isz;
@@ -231,6 +244,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
           }
         }
+        if constexpr (kRotate) first -= nq;
       }
       cp_async_commit();
     };

@@ -50,7 +50,7 @@ Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Laun
 template <typename T, int MINB>
 Status launch_ts_dense_at(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   if constexpr (sizeof(T) == 2) {
-    if (p.var_B && p.var_C && t.shape.tpc == cuda::fwd_ts::kPackedTpc)
+    if (cuda::fwd_ts::packed_bc(2, p.var_B, p.var_C, t.shape.tpc))
       return launch_ts<T, MINB, false, kNoBlocks, true>(p, t, l);
   }
   return launch_ts<T, MINB>(p, t, l);

@@ -210,6 +210,16 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   // state_loop's early reads where there are registers to spare; not for fp16, whose packed instance measured
   // slower with them (+0.4% on 8x1536x2048:16 where bf16 gained 3.7%, run 121/122).
   constexpr bool kPrefetch = MINB == cuda::fwd_ts::kMinBlocksRoomy && !std::is_same_v<T, __half>;
+  // kAsync: the next tile's raw inputs (and this tile's z) travel by cp.async into per-thread shared slots instead of
+  // registers held across the tile's recurrence (the same thread reads its own slots back, so no barrier), and this
+  // tile's raw u waits there for the epilogue: 24 registers fewer across the state loop. Which instances: raw_slots
+  // (src/cuda/plans.h), whose shared memory the plan sizes for them.
+#ifdef __CUDA_ARCH__
+  constexpr bool kAsync =
+      cuda::fwd_ts::raw_slots(MINB, kServing, kPackBC, cuda::fwd_ts::slot_arch(__CUDA_ARCH__ / 10));
+#else
+  constexpr bool kAsync = false;  // the host pass compiles no kernel code
+#endif
   static_assert(V == 8 || V == 4, "16-byte vectors of 2- or 4-byte elements");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -288,6 +298,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   float* sC = sB + (var_B ? BCT : 0);
   float* sY = sC + (var_C ? BCT : 0);  // [threads][ROW]
   float* sUD = sY + nthreads * ROW;        // [CH][ROW]: D u, the skip term of y
+  // kAsync: [kRawSlots][threads] 16-byte slots: the next tile's u, delta, B, C; this tile's z and u.
+  // 16-bit instances never use sUD (their D u comes from the raw u), so their slots start there.
+  uint4* sRaw = reinterpret_cast<uint4*>(sizeof(T) == 4 ? sUD + CH * ROW : sUD);
+  const auto slot = [&](int i) -> uint4* { return sRaw + i * nthreads + tid; };
 
   // ---- compute role: channel cc of the block, states n = k*kS + s
   const int cc = tid / TPC, k = tid % TPC;
@@ -349,7 +363,22 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   // shared memory. Each measured faster for its itype, through register allocation rather than by instruction count.
   constexpr bool kUdInSmem = sizeof(T) == 4;
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
+  // kAsync: one 16-byte vector of a row into slot i, by cp.async when whole and aligned, else read and stored here.
+  const auto to_slot = [&](int i, const T* row, int64_t t, bool vec) {
+    if (vec && t + V <= len()) cp_async16(slot(i), row + t);
+    else *slot(i) = load_row16<T, kServing>(row, t, len(), false);
+  };
   const auto prefetch = [&](int64_t t0) {
+    if constexpr (kAsync) {
+      if (vact) {
+        to_slot(0, u_row, t0 + qt, vec_in);
+        to_slot(1, dt_row, t0 + qt, vec_in);
+      }
+      if (B_row != nullptr) to_slot(2, B_row, t0 + qt, aligned16(B_row));
+      if (C_row != nullptr) to_slot(3, C_row, t0 + qt, aligned16(C_row));
+      cp_async_commit();
+      return;
+    }
     if (vact) {
       ru = load_row16<T, kServing>(u_row, t0 + qt, len(), vec_in);
       rdt = load_row16<T, kServing>(dt_row, t0 + qt, len(), vec_in);
@@ -358,6 +387,15 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     if (C_row != nullptr) rC = load_row16<T, kServing>(C_row, t0 + qt, len(), aligned16(C_row));
   };
   const auto stage = [&](int64_t t0) {
+    if constexpr (kAsync) {
+      cp_async_wait_all();
+      if (vact) {
+        ru = *slot(0);
+        rdt = *slot(1);
+      }
+      if (B_row != nullptr) rB = *slot(2);
+      if (C_row != nullptr) rC = *slot(3);
+    }
     if (vact) {
       float uu[V], dl[V], du[V];
       unpack16<T>(ru, uu);
@@ -378,7 +416,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         if constexpr (kUdInSmem)
           *reinterpret_cast<float4*>(sUD + o) = make_float4(Dd * uu[j], Dd * uu[j + 1], Dd * uu[j + 2], Dd * uu[j + 3]);
       }
-      if constexpr (!kUdInSmem) ru_cur = ru;
+      if constexpr (!kUdInSmem) {
+        if constexpr (kAsync) *slot(5) = ru;
+        else ru_cur = ru;
+      }
     }
     if constexpr (kPackBC) {
       if (B_row != nullptr) {  // C_row too (both variable, the same state row)
@@ -420,7 +461,12 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     if (it + 1 < ntiles) prefetch(t0 + TT);
     if (has_z && vact) {
       const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
-      rz = load_row16<T, kServing>(z_row, t0 + qt, len(), aligned16(z_row));
+      if constexpr (kAsync) {
+        to_slot(4, z_row, t0 + qt, aligned16(z_row));
+        cp_async_commit();
+      } else {
+        rz = load_row16<T, kServing>(z_row, t0 + qt, len(), aligned16(z_row));
+      }
     }
     if (cactive) {
       const float* dl_row = sDl + cc * ROW;
@@ -493,6 +539,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           y[j + 3] = v.w;
         }
       } else {
+        if constexpr (kAsync) ru_cur = *slot(5);
         unpack16<T>(ru_cur, y);
 #pragma unroll
         for (int j = 0; j < V; ++j) y[j] *= Dd;
@@ -513,6 +560,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       if (has_z) {
         T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
         float zz[V];
+        if constexpr (kAsync) {
+          cp_async_wait_all();  // z's group (and the next tile's, issued before it)
+          rz = *slot(4);
+        }
         unpack16<T>(rz, zz);
 #pragma unroll
         for (int j = 0; j < V; ++j) zz[j] = y[j] * silu(zz[j]);

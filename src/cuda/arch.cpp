@@ -156,6 +156,7 @@ void decide(int device, Entry* e) {
   e->props.cc = cc;
   e->props.sms = prop.multiProcessorCount;
   e->props.smem_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  e->props.ptx = ptxv;
 }
 
 Status read(const Entry& e, const DeviceProps** props) {

@@ -82,12 +82,38 @@ struct Shape {
   int64_t tiles_per_group = 1;  // channel tiles per group
 };
 
+// Whether a dense call runs the instance with the packed B/C tile (kernels/fwd/launch.cuh): a 16-bit itype with
+// variable B and C at kPackedTpc threads a channel.
+SELSCAN_HD constexpr bool packed_bc(int isz, bool var_B, bool var_C, int tpc) {
+  return isz == 2 && var_B && var_C && tpc == kPackedTpc;
+}
+// The instance that stages its raw tile inputs by cp.async into per-thread shared slots (kernels/fwd/ts.cuh, kAsync):
+// the packed one at 5 blocks per SM, whose 96 registers spilled 68/76 bytes without the slots and 4/8 (outside its
+// loops) with them: 4x5120x2048:16 bf16 0.4134 -> 0.3819 ms, fp16 0.4047 -> 0.3800 (run 127). In the 3-blocks
+// instances the slots measured slower (8x1536x2048:16 bf16 0.2244 -> 0.2408, fp32 0.2830 -> 0.2945), and in the packed
+// 4-blocks one with the early reads too (0.3993 -> 0.4042); the other 4- and 5-blocks instances spilled with them or
+// were not tried.
+// Only in code made for the parts with 228 KB of shared memory per SM (sm_90, sm_100/103): on 100-164 KB parts
+// (sm_80/86/89, sm_120) the slots would cost resident blocks. Host and device decide it from the same number, the
+// virtual arch of the running code (DeviceProps::ptx; __CUDA_ARCH__ / 10), so they cannot disagree, JIT included.
+SELSCAN_HD constexpr bool slot_arch(int ptx) { return ptx == 90 || (ptx >= 100 && ptx < 110); }
+SELSCAN_HD constexpr bool raw_slots(int min_blocks, bool serving, bool packed, bool arch) {
+  return arch && !serving && packed && min_blocks == kMinBlocksMany;
+}
+constexpr int kRawSlots = 6;  // per thread, 16 bytes each: the next tile's u, delta, B, C; this tile's z and u
 // Shared memory in floats: delta' and delta'u [ch][tt+4], B and C [tt][tpc*kS] (+ kBcPad) when variable, y partials
-// [threads][tt+4], D u [ch][tt+4] (read by the fp32 variant only). Rows padded by 4 floats keep float4 alignment.
-inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C) {
+// [threads][tt+4], D u [ch][tt+4] (read by the fp32 variant only), then, where raw_slots, kRawSlots 16-byte slots a
+// thread; 16-bit instances lay them over D u's rows, which they never use (the packed 5-blocks instance of the
+// issue's 4x5120x2048:16 row: 44,480 bytes a block instead of 49,088, so 5 blocks still fit in 228 KB). Rows padded
+// by 4 floats keep float4 alignment.
+inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C, bool slots, int isz) {
   const int64_t row = c.tt + 4;
   const int64_t bc = static_cast<int64_t>(c.tt) * c.tpc * kS + kBcPad;
-  return 3 * c.ch * row + (var_B ? bc : 0) + (var_C ? bc : 0) + static_cast<int64_t>(c.ch) * c.tpc * row;
+  const int64_t threads = static_cast<int64_t>(c.ch) * c.tpc;
+  const int64_t ud = c.ch * row, base = 3 * ud + (var_B ? bc : 0) + (var_C ? bc : 0) + threads * row;
+  if (!slots) return base;
+  const int64_t slot_floats = threads * kRawSlots * 4;
+  return isz == 2 ? base - ud + (slot_floats > ud ? slot_floats : ud) : base + slot_floats;
 }
 
 struct Plan {

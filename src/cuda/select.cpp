@@ -130,7 +130,9 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
     out->min_blocks = kMinBlocksMany;
   else
     out->min_blocks = grid_warps <= kFwdTsRoomyWarpsPerSm * dev.sms ? kMinBlocksRoomy : kMinBlocksFew;
-  out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C)) * sizeof(float);
+  const bool slots = raw_slots(out->min_blocks, p.serving, packed_bc(itype_bytes(p.itype), p.var_B, p.var_C, c.tpc),
+                               slot_arch(dev.ptx));
+  out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C, slots, itype_bytes(p.itype))) * sizeof(float);
   return true;
 }
 

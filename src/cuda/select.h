@@ -21,6 +21,8 @@ struct DeviceProps {
   int cc = 0;              // compute capability, 10 * major + minor
   int sms = 0;             // multiprocessors
   int64_t smem_optin = 0;  // bytes of dynamic shared memory one block may opt in to
+  int ptx = 0;             // the virtual arch the loaded kernels were made from (cudaFuncAttributes::ptxVersion: 90 for
+                           // sm_90 SASS or compute_90 PTX); device code sees it as __CUDA_ARCH__ / 10
 };
 
 // A kernel override: `warp` or `ts` forces that kernel (tests, A/B benchmarks); a forced thread-states kernel still

@@ -17,10 +17,11 @@ using selscan::Dtype;
 using selscan::Problem;
 namespace cuda = selscan::cuda;
 
-// Device properties as cudaGetDeviceProperties reports them (sharedMemPerBlockOptin).
-constexpr cuda::DeviceProps kH200{0, 90, 132, 232448};
-constexpr cuda::DeviceProps kA100{0, 80, 108, 166912};
-constexpr cuda::DeviceProps kT4{0, 75, 40, 65536};
+// Device properties as cudaGetDeviceProperties reports them (sharedMemPerBlockOptin), running a build with SASS for
+// their arch (the ptx field: the virtual arch of the loaded kernels).
+constexpr cuda::DeviceProps kH200{0, 90, 132, 232448, 90};
+constexpr cuda::DeviceProps kA100{0, 80, 108, 166912, 80};
+constexpr cuda::DeviceProps kT4{0, 75, 40, 65536, 75};
 
 struct Shape {
   int64_t batch, dim, seqlen, dstate;
@@ -102,7 +103,7 @@ TEST(KernelChoice, Forward) {
       // leave 384 blocks, under 4 per SM), 32-step tiles, the 3-blocks-per-SM variant (12 warps per SM hold it).
       {{8, 1536, 2048, 16}, kH200, Force::none, ts, 4, 16, 32, 96, 3, 768, 20672},
       // Row 2: 2560 warps (19.4 per SM, over 16) -> the 5-blocks-per-SM variant; 128-thread blocks.
-      {{4, 5120, 2048, 16}, kH200, Force::none, ts, 4, 32, 32, 160, 5, 640, 36800},
+      {{4, 5120, 2048, 16}, kH200, Force::none, ts, 4, 32, 32, 160, 5, 640, 44480},
       // Rows 3 and 4: 256 and 640 warps, under 8 per SM -> warp-scan (8 warps a block, two staged 32 KB B/C tiles).
       {{1, 2048, 65536, 16}, kH200, Force::none, warp, 8, 0, 0, 256, 0, 256, 68096},
       {{1, 5120, 512, 16}, kH200, Force::none, warp, 8, 0, 0, 640, 0, 640, 68096},
@@ -121,7 +122,7 @@ TEST(KernelChoice, Forward) {
       {{1, 12672, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 792, 3, 792, 20672},
       {{1, 12688, 512, 16}, kH200, Force::none, ts, 4, 16, 32, 793, 4, 793, 20672},
       {{1, 16896, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 528, 4, 528, 36800},
-      {{1, 16904, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 529, 5, 529, 36800},
+      {{1, 16904, 512, 16}, kH200, Force::none, ts, 4, 32, 32, 529, 5, 529, 44480},
       // Forced: the thread-states kernel on a tiny call (dstate 8: 2 threads per channel; blocks shrink to 32
       // threads), constant B/C; the warp-scan kernel on row 1.
       {{1, 64, 100, 8, Dtype::f16, false}, kH200, Force::ts, ts, 2, 16, 16, 4, 3, 4, 6400},
@@ -151,6 +152,33 @@ TEST(KernelChoice, Forward) {
       EXPECT_EQ(plan.warp.blocks, r.blocks);
       EXPECT_EQ(plan.warp.smem, r.smem);
     }
+  }
+}
+
+// The forward's shared-memory slots (src/cuda/plans.h, raw_slots) are planned only for code made for the 228 KB parts,
+// judged by the virtual arch of the loaded kernels, as the device code judges it by __CUDA_ARCH__: row 1 on an H200
+// running sm_90 code has them for the packed 5-blocks instance of row 2, the same H200 running compute_80 PTX (a build
+// for 8.0+PTX only) does not, nor does an A100; a B200 (sm_100) does, an RTX 5090 (sm_120, 100 KB) does not (a wider
+// call there, so that it too runs the 5-blocks instance).
+TEST(KernelChoice, ForwardSlotsOnlyInCodeForThe228KbParts) {
+  const struct {
+    Shape shape;
+    cuda::DeviceProps dev;
+    size_t smem;
+  } rows[] = {
+      {{4, 5120, 2048, 16}, kH200, 44480},
+      {{4, 5120, 2048, 16}, {0, 90, 132, 232448, 80}, 36800},
+      {{4, 5120, 2048, 16}, kA100, 36800},
+      {{4, 5120, 2048, 16}, {0, 100, 148, 232448, 100}, 44480},
+      {{4, 5632, 2048, 16}, {0, 120, 170, 101376, 120}, 36800},
+  };
+  for (const auto& r : rows) {
+    const Problem p = problem(r.shape);
+    cuda::FwdPlan plan;
+    ASSERT_EQ(cuda::plan_fwd(p, r.dev, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
+    ASSERT_EQ(plan.kernel, cuda::Kernel::ts);
+    ASSERT_EQ(plan.ts.min_blocks, 5) << "cc " << r.dev.cc;
+    EXPECT_EQ(plan.ts.smem, r.smem) << "cc " << r.dev.cc << ", ptx " << r.dev.ptx;
   }
 }
 
