@@ -14,6 +14,8 @@
 //   L3 staged   L2 plus the real call's global traffic: u, delta, z and the variable B, C (per batch and step) loaded
 //               per tile (the next tile's during this one's recurrence), out and out_z stored
 //   L4 library  selscan_fwd through the public C ABI on L3's buffers (inference forward: out, out_z, last_state)
+//   L3 lane sS  L3's work and traffic on another mapping (N = 16): S states of a channel a lane, B/C rows read by
+//               each lane from global memory, warps independent of each other (lane_scan)
 //
 // and the backward's algorithm (kernels/bwd/ts.cuh) at two levels, N = 16, periodic inputs made in the kernel:
 //
@@ -589,6 +591,129 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcpac
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) roofline_staged_bcshfl(const Args a) {
   scan_tiles<16, kStaged, false, 1, true, true>(a);
 }
+
+// ---------------------------------------------------------------------------------------------- the lane mapping
+// L3 lane sS (N = 16): the whole call (L3's work and traffic) on another mapping, to see whether more warps and no
+// block-wide staging beat the thread-states tiles: kLaneS states of one channel a lane, so a channel takes
+// kLaneP = 16/kLaneS lanes and a warp kLaneCpw = 2*kLaneS whole channels. Warps never wait on each other (no block
+// barrier): each lane loads its own states' B and C rows straight from global memory (the rows of a batch are
+// shared by all its channels, so they come from L1), and per group of kLaneG = 32/kLaneS steps
+//   - lane j of a channel stages steps 2j and 2j+1: softplus(delta + bias) and delta*u into the warp's rows;
+//   - every lane runs the group's steps for its states, y partials per step in registers;
+//   - the partials go through the warp's shared rows and lane j sums steps 2j, 2j+1 over the channel's lanes, adds
+//     D u, stores out, gates with SiLU(z) and stores out_z.
+// The next group's raw inputs are loaded into registers while this group runs.
+template <int kLaneS>
+struct LaneShape {
+  static constexpr int kP = 16 / kLaneS;        // lanes a channel
+  static constexpr int kCpw = 32 / kP;          // channels a warp
+  static constexpr int kG = 32 / kLaneS;        // steps a group: kLaneS * kG = 32 updates a lane
+  static constexpr int kPitch = kG + 4;         // y-partial rows: 16-byte stores of 8 lanes on distinct bank quads
+  static constexpr int kWarps = 4;              // a block: 4 independent warps
+  static constexpr int kChannels = kWarps * kCpw;
+  static constexpr int kVecs = kLaneS * kG / 8;  // 16-byte vectors of B (and of C) a lane loads per group: 4
+};
+
+template <int kLaneS>
+__device__ __forceinline__ void lane_scan(const Args& a) {
+  using Sh = LaneShape<kLaneS>;
+  constexpr int P = Sh::kP, G = Sh::kG, kVecs = Sh::kVecs;
+  __shared__ float sDl[Sh::kWarps][Sh::kCpw * G], sDu[Sh::kWarps][Sh::kCpw * G];
+  __shared__ __align__(16) float sY[Sh::kWarps][32 * Sh::kPitch];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int c = lane / P, j = lane % P;
+  const int64_t tiles_per_batch = a.dim / Sh::kChannels;
+  const int64_t b = blockIdx.x / tiles_per_batch;
+  const int64_t d = (blockIdx.x % tiles_per_batch) * Sh::kChannels + warp * Sh::kCpw + c;
+  const int64_t crow = (b * a.dim + d) * a.len + 2 * j;  // this lane's two steps of the channel's rows
+  const float Dd = __ldg(a.Dv + d), dbias = __ldg(a.bias + d);
+  float a2[kLaneS], h[kLaneS];
+  const uint16_t* brow[kLaneS];
+  const uint16_t* cro[kLaneS];
+#pragma unroll
+  for (int k = 0; k < kLaneS; ++k) {
+    a2[k] = __ldg(a.A + d * 16 + j * kLaneS + k) * kLog2e;
+    h[k] = 0.f;
+    brow[k] = a.B + (b * 16 + j * kLaneS + k) * a.len;
+    cro[k] = a.C + (b * 16 + j * kLaneS + k) * a.len;
+  }
+  float* const dl_w = sDl[warp] + c * G;
+  float* const du_w = sDu[warp] + c * G;
+  float* const y_w = sY[warp];
+
+  // raw inputs of a group: u, delta, z of steps 2j, 2j+1 (bf16 pairs); B and C of the lane's states, all G steps
+  uint32_t ru, rd, rz;
+  uint4 rb[kVecs], rc[kVecs];
+  const auto load = [&](int64_t t0, uint32_t& u2, uint32_t& d2, uint32_t& z2, uint4 (&bv)[kVecs], uint4 (&cv)[kVecs]) {
+    u2 = __ldg(reinterpret_cast<const uint32_t*>(a.u + crow + t0));
+    d2 = __ldg(reinterpret_cast<const uint32_t*>(a.delta + crow + t0));
+    z2 = __ldg(reinterpret_cast<const uint32_t*>(a.z + crow + t0));
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const int k = v / (G / 8), s = (v % (G / 8)) * 8;
+      bv[v] = ldg16(brow[k] + t0 + s);
+      cv[v] = ldg16(cro[k] + t0 + s);
+    }
+  };
+  load(0, ru, rd, rz, rb, rc);
+  const int64_t ngroups = a.len / G;
+  for (int64_t g = 0; g < ngroups; ++g) {
+    const int64_t t0 = g * G;
+    __syncwarp();  // the previous group's reads of the delta rows and the y partials are done
+    const float u0 = __uint_as_float(ru << 16), u1 = __uint_as_float(ru & 0xffff0000u);
+    const float dl0 = softplus(__uint_as_float(rd << 16) + dbias), dl1 = softplus(__uint_as_float(rd & 0xffff0000u) + dbias);
+    *reinterpret_cast<float2*>(dl_w + 2 * j) = make_float2(dl0, dl1);
+    *reinterpret_cast<float2*>(du_w + 2 * j) = make_float2(dl0 * u0, dl1 * u1);
+    const uint32_t zc = rz;
+    uint4 cb[kVecs], cc[kVecs];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) cb[v] = rb[v], cc[v] = rc[v];
+    if (g + 1 < ngroups) load(t0 + G, ru, rd, rz, rb, rc);
+    __syncwarp();  // the group's delta rows are written
+    float y[G];
+#pragma unroll
+    for (int s4 = 0; s4 < G; s4 += 4) {
+      const float4 dl4 = *reinterpret_cast<const float4*>(dl_w + s4);
+      const float4 du4 = *reinterpret_cast<const float4*>(du_w + s4);
+      const float dl[4] = {dl4.x, dl4.y, dl4.z, dl4.w}, du[4] = {du4.x, du4.y, du4.z, du4.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int s = s4 + q;
+#pragma unroll
+        for (int k = 0; k < kLaneS; ++k) {
+          const int e = k * G + s;  // element of the lane's B/C vectors
+          const uint4 wb = cb[e / 8], wc = cc[e / 8];
+          const uint32_t ub = (e % 8) / 2 == 0 ? wb.x : (e % 8) / 2 == 1 ? wb.y : (e % 8) / 2 == 2 ? wb.z : wb.w;
+          const uint32_t uc = (e % 8) / 2 == 0 ? wc.x : (e % 8) / 2 == 1 ? wc.y : (e % 8) / 2 == 2 ? wc.z : wc.w;
+          const float bv = __uint_as_float(e % 2 ? ub & 0xffff0000u : ub << 16);
+          const float cv = __uint_as_float(e % 2 ? uc & 0xffff0000u : uc << 16);
+          const float av = exp2_fast(dl[q] * a2[k]);
+          h[k] = fmaf(av, h[k], du[q] * bv);
+          y[s] = k == 0 ? h[k] * cv : fmaf(h[k], cv, y[s]);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < G; s += 4)
+      *reinterpret_cast<float4*>(y_w + lane * Sh::kPitch + s) = make_float4(y[s], y[s + 1], y[s + 2], y[s + 3]);
+    __syncwarp();  // the partials are written
+    float y0 = Dd * u0, y1 = Dd * u1;
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const float2 p = *reinterpret_cast<const float2*>(y_w + (c * P + k) * Sh::kPitch + 2 * j);
+      y0 += p.x;
+      y1 += p.y;
+    }
+    const int64_t o = crow + t0;
+    *reinterpret_cast<uint32_t*>(a.out + o) = pack2(y0, y1);
+    const float z0 = __uint_as_float(zc << 16), z1 = __uint_as_float(zc & 0xffff0000u);
+    *reinterpret_cast<uint32_t*>(a.out_z + o) = pack2(y0 * silu(z0), y1 * silu(z1));
+  }
+}
+// One kernel name per form (the profile's rows map to levels by name); 128 registers at most, as L3's.
+__global__ void __launch_bounds__(128, kMinBlocks) roofline_lane_s1(const Args a) { lane_scan<1>(a); }
+__global__ void __launch_bounds__(128, kMinBlocks) roofline_lane_s2(const Args a) { lane_scan<2>(a); }
+__global__ void __launch_bounds__(128, kMinBlocks) roofline_lane_s4(const Args a) { lane_scan<4>(a); }
 
 // ---------------------------------------------------------------------------------------------- backward levels
 // The thread-states backward's algorithm (kernels/bwd/ts.cuh) without the library's generality, on periodic inputs
@@ -1513,6 +1638,17 @@ int main(int argc, char** argv) {
     defs.push_back({kStaged, "L3 bcpack shfl", "roofline_staged_bcshfl",
                     "as L3 bcpack, the 4 threads' y partials summed by warp shuffles (one y row a channel)",
                     tiles(roofline_staged_bcshfl), true, true, staged_bytes});
+  const auto lanes = [&](Kern k, int per_lane) {
+    const int64_t nb = S.batch * S.dim / (8 * per_lane);  // LaneShape<per_lane>::kChannels a block
+    return [=, &args_of](const Set& st, cudaStream_t s) { k<<<static_cast<unsigned>(nb), 128, 0, s>>>(args_of(st)); };
+  };
+  const std::pair<int, Kern> lane_forms[] = {{1, roofline_lane_s1}, {2, roofline_lane_s2}, {4, roofline_lane_s4}};
+  for (const auto& [per_lane, k] : lane_forms)
+    if (n16 && S.dim % (8 * per_lane) == 0)
+      defs.push_back({kStaged, "L3 lane s" + std::to_string(per_lane), "roofline_lane_s" + std::to_string(per_lane),
+                      "as L3, " + std::to_string(per_lane) + " state(s) of a channel a lane, B/C rows from L1, no block "
+                      "barrier (lane_scan)",
+                      lanes(k, per_lane), true, true, staged_bytes});
   defs.push_back({kLibrary, "L4 library", "fwd_ts_kernel|fwd_warp_kernel",
                   "selscan_fwd (C ABI): out, out_z, last_state; the kernel the library chooses",
                   [&](const Set& st, cudaStream_t) {
