@@ -618,7 +618,8 @@ template <int kLaneS>
 __device__ __forceinline__ void lane_scan(const Args& a) {
   using Sh = LaneShape<kLaneS>;
   constexpr int P = Sh::kP, G = Sh::kG, kVecs = Sh::kVecs;
-  __shared__ float sDl[Sh::kWarps][Sh::kCpw * G], sDu[Sh::kWarps][Sh::kCpw * G];
+  __shared__ __align__(16) float sDl[Sh::kWarps][Sh::kCpw * G];
+  __shared__ __align__(16) float sDu[Sh::kWarps][Sh::kCpw * G];
   __shared__ __align__(16) float sY[Sh::kWarps][32 * Sh::kPitch];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int c = lane / P, j = lane % P;
