@@ -49,13 +49,23 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
 
   if (plan.kernel == cuda::Kernel::ts) {
     if constexpr (!kC) {
-      static SmemLimit limit;
-      auto kfn = ts::bwd_ts_kernel<T>;
-      if (Status s = limit.raise(kfn, plan.ts.smem, l, "backward: cudaFuncSetAttribute(shared memory)");
+      // The copy-engine instance where this device runs its sm_90 code and every map the call needs can be made.
+      static SmemLimit limit, tma_limit;
+      static SmCode tma_code;
+      ts::TileMaps maps{};
+      const bool tma =
+          sizeof(T) == 2 && tma_code.is(ts::bwd_ts_kernel<T, true>, 90, l) && ts::tile_maps<T>(p, &maps);
+      auto kfn = tma ? ts::bwd_ts_kernel<T, true> : ts::bwd_ts_kernel<T, false>;
+      // The copy-engine instance's static shared memory (its barrier and phase words) counts against the same
+      // per-block opt-in limit as the dynamic part, so its dynamic limit is raised that much less.
+      cuda::Launch lt = l;
+      if (tma) lt.smem_optin -= ts::kTmaStaticSmem;
+      if (Status s = (tma ? tma_limit : limit)
+                         .raise(kfn, plan.ts.smem, lt, "backward: cudaFuncSetAttribute(shared memory)");
           s != SELSCAN_STATUS_SUCCESS)
         return s;
       kfn<<<static_cast<unsigned>(plan.ts.grid), plan.ts.threads, plan.ts.smem, st>>>(
-          a, ts::shape_of(plan.ts), reinterpret_cast<float4*>(base + plan.off_ck));
+          a, ts::shape_of(plan.ts), reinterpret_cast<float4*>(base + plan.off_ck), maps);
       if (Status s = launch_status("backward: launching the thread-states backward kernel");
           s != SELSCAN_STATUS_SUCCESS)
         return s;

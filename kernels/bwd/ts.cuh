@@ -35,6 +35,7 @@
 #include "../common/io.cuh"
 #include "../common/math.cuh"
 #include "cuda/plans.h"
+#include "cuda/tile_map.h"
 #include "problem.h"
 #include "reduce.cuh"
 #include "ts_maps.h"
@@ -70,6 +71,47 @@ inline Shape shape_of(const cuda::bwd_ts::Plan& pl) {
   s.tiles = pl.tiles;
   s.items = pl.items;
   return s;
+}
+
+// Static shared memory of the copy-engine instance (tma_bar and tma_parity: 520 bytes), rounded up.
+constexpr int64_t kTmaStaticSmem = 1024;
+static_assert(8 + 4 * kCh * kMaxTpc <= kTmaStaticSmem, "the copy-engine instance's static shared memory");
+
+// The raw tiles' tensor maps: u, delta, dout, z, out as (L, D, Bt) boxes of kTT steps x kCh channels; variable B, C
+// as (L, N, G, Bt) boxes of kTT steps x N states. Unused ones stay zero.
+struct TileMaps {
+  cuda::TileMap m[7];
+};
+// Fills tm for the call; false where any map the kernel would read cannot be made (the kernel then copies by cp.async).
+template <typename T>
+bool tile_maps(const Problem& p, TileMaps* tm) {
+  constexpr int isz = static_cast<int>(sizeof(T));
+  if (isz != 2) return false;  // the fp32 instance copies by cp.async (bwd_ts_kernel)
+  // A dimension of size 1 is only ever at coordinate 0, so its stride is free: give it a packed one (a multiple of
+  // 16 bytes when the dimension below is), since a view may hold anything there (0 for B of shape (Bt, N, L)).
+  const auto packed = [](int rank, const int64_t* dims, int64_t* strides) {
+    for (int i = 1; i < rank; ++i)
+      if (dims[i] == 1) strides[i - 1] = i == 1 ? (dims[0] * isz + 15) / 16 * 16 : strides[i - 2] * dims[i - 1];
+  };
+  const View* rows[5] = {&p.u, &p.delta, &p.dout, &p.z, &p.out};
+  const int nrows = p.z.p != nullptr ? 5 : 3;
+  for (int i = 0; i < nrows; ++i) {
+    const int64_t dims[3] = {p.seqlen, p.dim, p.batch};
+    int64_t strides[2] = {rows[i]->s[1] * isz, rows[i]->s[0] * isz};
+    packed(3, dims, strides);
+    const uint32_t box[3] = {kTT, kCh, 1};
+    if (!cuda::encode_tile_map(&tm->m[i], isz, 3, rows[i]->p, dims, strides, box)) return false;
+  }
+  for (int isC = 0; isC < 2; ++isC) {
+    if (!(isC ? p.var_C : p.var_B)) continue;
+    const View& v = isC ? p.C : p.B;
+    const int64_t dims[4] = {p.seqlen, p.dstate, p.groups, p.batch};
+    int64_t strides[3] = {v.s[2] * isz, v.s[1] * isz, v.s[0] * isz};
+    packed(4, dims, strides);
+    const uint32_t box[4] = {kTT, static_cast<uint32_t>(p.dstate), 1, 1};
+    if (!cuda::encode_tile_map(&tm->m[5 + isC], isz, 4, v.p, dims, strides, box)) return false;
+  }
+  return true;
 }
 
 // 4 consecutive itype values of a raw shared-memory row as floats.
@@ -111,15 +153,19 @@ __device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
   *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck) {
+// kTmaCopies: the instance that copies raw tiles with the copy engine (16-bit itypes in sm_90 code; launched when
+// tile_maps succeeded). An instance of its own, so that the other keeps its register allocation and this one carries
+// no cp.async path. Not for fp32, where it spilled 64/140 bytes (ptxas, sm_90) against 28/36.
+template <typename T, bool kTmaCopies>
+__global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck,
+                                                                 const __grid_constant__ TileMaps tm) {
   constexpr int isz = static_cast<int>(sizeof(T));
   constexpr int VE = 16 / isz;   // itype elements per 16-byte chunk
   constexpr int QPR = kTT / VE;  // chunks per raw tile row
   constexpr int kGrp = kTT / 4;  // groups of 4 steps per tile row
   constexpr float kLn2 = 0.6931471805599453f;
   const Problem& p = args.p;
-  extern __shared__ float4 smem4[];
+  extern __shared__ __align__(128) float4 smem4[];  // 128: the copy engine's boxes land at raw (lay.raw: 1024-aligned)
   float* sm = reinterpret_cast<float*>(smem4);
   const int TPC = pl.tpc, NT = kCh * TPC, NP = TPC * kS;
   const Layout lay = layout(TPC, isz);
@@ -146,10 +192,31 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   const bool hasZ = p.z.p != nullptr, hasOz = hasZ && p.out_z.p != nullptr;
   float4* myck = ck + static_cast<int64_t>(blockIdx.x) * pl.ntc * NT + tid;  // [tile][NT]
 
+  // Raw tiles by the copy engine (the kTmaCopies instance, sm_90 code; the host filled tm): one lane a warp asks for
+  // whole boxes, one per tensor and tile (channel rows in channel order, zeros past L and D), completing on tma_bar,
+  // instead of every thread issuing 16-byte cp.async copies with their address arithmetic and tests. Each thread
+  // keeps the barrier's phase parity in its own shared word, not in a register across the sweep (all are taken).
+#if defined(SELSCAN_TILE_COPIES) && __CUDA_ARCH__ == 900
+  constexpr bool kTma = kTmaCopies && isz == 2;
+#else
+  constexpr bool kTma = false;
+#endif
+  // In code for other archs (and for fp32) the copy-engine instance is a stub, never launched: the host launches it
+  // only for 16-bit itypes running sm_90 code. Its work loop has no items, so the compiler drops the body.
+  constexpr bool kStub = kTmaCopies && !kTma;
+  if constexpr (kStub) __trap();
+  __shared__ uint64_t tma_bar;
+  __shared__ unsigned tma_parity[kCh * kMaxTpc];
+  if constexpr (kTma) {
+    if (tid == 0) mbar_init(&tma_bar);
+    tma_parity[tid] = 0;
+    __syncthreads();
+  }
+
   // Padded state columns (n >= N) of sB/sC stay 0: staging writes only n < N.
   for (int i = tid; i < 2 * kTT * kBcPitch; i += NT) sB[i] = 0.f;  // sB and sC are adjacent
 
-  for (int64_t item = blockIdx.x; item < pl.items; item += gridDim.x) {
+  for (int64_t item = blockIdx.x; item < (kStub ? 0 : pl.items); item += gridDim.x) {
     const int64_t tile = item % pl.tiles;
     const int64_t g = (item / pl.tiles) % G;
     const int64_t b = item / (pl.tiles * G);
@@ -189,7 +256,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
     // warp): where the block has at least two threads per chunk of a tensor (16-bit rows: 64 chunks, 128 threads),
     // its groups of kCpt threads take the tensors in turn, and the B/C rows go first to the group with fewer of them.
     // Dealt from thread 0 per tensor, warp 0 issued 7 chunks of a 16-bit pass-B tile and warps 2 and 3 none.
-    const auto issue = [&](int64_t t0, bool full) {
+    const auto issue_async = [&](int64_t t0, bool full) {
       constexpr int kCpt = kCh * QPR;  // chunks of one tensor's rows
       const int nten = full ? (hasZ ? 5 : 3) : 2;
       const int grps = NT >= 2 * kCpt ? NT / kCpt : 1;
@@ -249,6 +316,44 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       cp_async_commit();
     };
 
+    // The copy engine's form of `issue` (the kTmaCopies instance).
+    const auto issue_tma = [&](int64_t t0, bool full) {
+      const int nten = full ? (hasZ ? 5 : 3) : 2;
+      // Lane 0 of warp k asks for boxes k, k + TPC, ...: the issue cost is spread over the warps that wait at the
+      // next barrier. Warp 0 also posts the bytes of them all (boxes may land before that: the phase completes only
+      // once the arrival is in and the count is back to zero).
+      if (lane == 0) {
+        constexpr unsigned kRowBytes = kTT * isz;
+        const bool bB = varB, bC = full && varC;
+        if (k == 0) mbar_arrive_expect(&tma_bar, (nten * kCh + (bB + bC) * static_cast<unsigned>(N)) * kRowBytes);
+        const int x = static_cast<int>(t0), bb = static_cast<int>(b);
+        const int nbox = nten + bB + bC;
+        for (int j = k; j < nbox; j += TPC) {
+          if (j < nten) {
+            tile_load(raw + j * kCh * kRowBytes, &tm.m[j], x, static_cast<int>(c0), bb, &tma_bar);
+          } else {
+            const int isC = (j > nten || !bB) ? 1 : 0;
+            tile_load(raw + (5 * kCh + isC * NP) * kRowBytes, &tm.m[5 + isC], x, 0, static_cast<int>(g), bb,
+                      &tma_bar);
+          }
+        }
+      }
+    };
+    const auto issue = [&](int64_t t0, bool full) {
+      if constexpr (kTma) issue_tma(t0, full);
+      else issue_async(t0, full);
+    };
+
+    // The issued tile has landed in shared memory, for this thread (the barrier after the wait makes it the block's).
+    const auto wait_tile = [&]() {
+      if constexpr (kTma) {
+        mbar_wait(&tma_bar, tma_parity[tid]);
+        tma_parity[tid] ^= 1u;
+      } else {
+        cp_async_wait_all();
+      }
+    };
+
     // Steps of the tile at t0 (< L) that lie inside L, at most kTT. For s < kTT, t0 + s < L exactly when
     // s < tile_rem(t0), so a per-element test is a 32-bit compare against one block-uniform count.
     const auto tile_rem = [&](int64_t t0) { return static_cast<int>(L - t0 < kTT ? L - t0 : kTT); };
@@ -258,7 +363,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       for (int it = tid; it < kCh * kGrp; it += NT) {
         int c, q;
         item_at(it, c, q);
-        const int tl = q * 4, rc = raw_slot(c);
+        const int tl = q * 4, rc = kTma ? c : raw_slot(c);  // the copy engine writes rows in channel order
         const bool cok = c < nch;
         const int64_t dc = c0 + (cok ? c : 0);
         const float bias = (cok && p.delta_bias.p != nullptr)
@@ -538,7 +643,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
       issue(cs, nt == 1);
       // pass A: checkpoints at the start of tiles 1 .. nt-1
       for (int i = 0; i + 1 < nt; ++i) {
-        cp_async_wait_all();
+        wait_tile();
         __syncthreads();
         prep(cs + static_cast<int64_t>(i) * kTT, kTT, false);  // never the chunk's last tile: all kTT steps in L
         __syncthreads();
@@ -556,7 +661,7 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
         // the 16-bit instances read it where it is used, since the early read made them slower (+0.9%, run 122).
         float4 hin;
         if constexpr (isz == 4) hin = myck[static_cast<int64_t>(i) * NT];
-        cp_async_wait_all();
+        wait_tile();
         __syncthreads();
         prep(t0, tile_rem(t0), true);
         __syncthreads();

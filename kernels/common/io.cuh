@@ -247,4 +247,66 @@ __device__ __forceinline__ void cp_async_wait_all() {  // every committed group 
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------- tile copies
+// The copy engine of sm_90 (cp.async.bulk.tensor, PTX ISA 8.0 = CUDA 12.0): one thread asks for a box of a tensor
+// (src/cuda/tile_map.h) and the engine writes it into shared memory, counting the bytes on an mbarrier. The
+// operands live in uniform registers (the compiler loops over the lanes that ask), so these are for one lane of a
+// warp, not for every lane. They compile to nothing where SELSCAN_TILE_COPIES is not defined and must not be called
+// there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ >= 12
+#define SELSCAN_TILE_COPIES 1
+#endif
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// One arrival per phase: the thread that also posts the phase's bytes.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#ifdef SELSCAN_TILE_COPIES
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+#endif
+}
+// The phase's arrival and the bytes its copies deliver (they may land before or after it).
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
+#ifdef SELSCAN_TILE_COPIES
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Waits for the phase of parity `phase` to complete (try_wait suspends the thread for a while between polls). No poll
+// limit: a counter and a trap around the loop doubled the backward's spills (ptxas, sm_90).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned phase) {
+#ifdef SELSCAN_TILE_COPIES
+  const unsigned a = smem_addr(bar);
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(a), "r"(phase)
+        : "memory");
+  } while (!done);
+#endif
+}
+// The box of a 3- or 4-dimensional map at coordinates (innermost first) into shared memory at dst (128-byte aligned),
+// completing on bar.
+__device__ __forceinline__ void tile_load(void* dst, const void* map, int x, int y, int z, uint64_t* bar) {
+#ifdef SELSCAN_TILE_COPIES
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void tile_load(void* dst, const void* map, int x, int y, int z, int w, uint64_t* bar) {
+#ifdef SELSCAN_TILE_COPIES
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(smem_addr(bar))
+      : "memory");
+#endif
+}
+
 }  // namespace selscan::kern
