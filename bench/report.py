@@ -51,8 +51,10 @@ FIELDS = ("ms", "GB_s", "exp_floor_frac", "mem_floor_frac", "state_updates_per_s
 
 
 def parse_name(run_name):
-    """'gpu/fwd/bf16/8x1536x2048:16/manual_time' -> (section, mode, dtype, shape, threads) or None."""
-    parts = [p for p in run_name.split("/") if p not in ("manual_time", "real_time", "process_time")]
+    """'gpu/fwd/bf16/8x1536x2048:16/manual_time' -> (section, mode, dtype, shape, threads) or None. A fixed iteration
+    count in the name (the host rows: 'host/bwd/bf16/8x1536x2048:16/iterations:50/manual_time') is not part of the key."""
+    parts = [p for p in run_name.split("/")
+             if p not in ("manual_time", "real_time", "process_time") and not re.fullmatch(r"iterations:\d+", p)]
     threads = 1
     rest = []
     for p in parts:
