@@ -49,12 +49,10 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
 
   if (plan.kernel == cuda::Kernel::ts) {
     if constexpr (!kC) {
-      // The copy-engine instance where this device runs its sm_90 code and every map the call needs can be made.
+      // The copy-engine instance where the plan chose it, unless the driver cannot encode the call's maps.
       static SmemLimit limit, tma_limit;
-      static SmCode tma_code;
       ts::TileMaps maps{};
-      const bool tma =
-          sizeof(T) == 2 && tma_code.is(ts::bwd_ts_kernel<T, true>, 90, l) && ts::tile_maps<T>(p, &maps);
+      const bool tma = sizeof(T) == 2 && plan.ts.copy_engine && ts::tile_maps(p, &maps);
       auto kfn = tma ? ts::bwd_ts_kernel<T, true> : ts::bwd_ts_kernel<T, false>;
       // The copy-engine instance's static shared memory (its barrier and phase words) counts against the same
       // per-block opt-in limit as the dynamic part, so its dynamic limit is raised that much less.

@@ -73,44 +73,20 @@ inline Shape shape_of(const cuda::bwd_ts::Plan& pl) {
   return s;
 }
 
-// Static shared memory of the copy-engine instance (tma_bar and tma_parity: 520 bytes), rounded up.
-constexpr int64_t kTmaStaticSmem = 1024;
+using cuda::bwd_ts::kTmaStaticSmem;
 static_assert(8 + 4 * kCh * kMaxTpc <= kTmaStaticSmem, "the copy-engine instance's static shared memory");
 
-// The raw tiles' tensor maps: u, delta, dout, z, out as (L, D, Bt) boxes of kTT steps x kCh channels; variable B, C
-// as (L, N, G, Bt) boxes of kTT steps x N states. Unused ones stay zero.
+// The raw tiles' tensor maps, in cuda::bwd_tile_map_specs's slots (src/cuda/tile_map.h). Unused ones stay zero.
 struct TileMaps {
-  cuda::TileMap m[7];
+  cuda::TileMap m[cuda::kBwdTileMaps];
 };
-// Fills tm for the call; false where any map the kernel would read cannot be made (the kernel then copies by cp.async).
-template <typename T>
-bool tile_maps(const Problem& p, TileMaps* tm) {
-  constexpr int isz = static_cast<int>(sizeof(T));
-  if (isz != 2) return false;  // the fp32 instance copies by cp.async (bwd_ts_kernel)
-  // A dimension of size 1 is only ever at coordinate 0, so its stride is free: give it a packed one (a multiple of
-  // 16 bytes when the dimension below is), since a view may hold anything there (0 for B of shape (Bt, N, L)).
-  const auto packed = [](int rank, const int64_t* dims, int64_t* strides) {
-    for (int i = 1; i < rank; ++i)
-      if (dims[i] == 1) strides[i - 1] = i == 1 ? (dims[0] * isz + 15) / 16 * 16 : strides[i - 2] * dims[i - 1];
-  };
-  const View* rows[5] = {&p.u, &p.delta, &p.dout, &p.z, &p.out};
-  const int nrows = p.z.p != nullptr ? 5 : 3;
-  for (int i = 0; i < nrows; ++i) {
-    const int64_t dims[3] = {p.seqlen, p.dim, p.batch};
-    int64_t strides[2] = {rows[i]->s[1] * isz, rows[i]->s[0] * isz};
-    packed(3, dims, strides);
-    const uint32_t box[3] = {kTT, kCh, 1};
-    if (!cuda::encode_tile_map(&tm->m[i], isz, 3, rows[i]->p, dims, strides, box)) return false;
-  }
-  for (int isC = 0; isC < 2; ++isC) {
-    if (!(isC ? p.var_C : p.var_B)) continue;
-    const View& v = isC ? p.C : p.B;
-    const int64_t dims[4] = {p.seqlen, p.dstate, p.groups, p.batch};
-    int64_t strides[3] = {v.s[2] * isz, v.s[1] * isz, v.s[0] * isz};
-    packed(4, dims, strides);
-    const uint32_t box[4] = {kTT, static_cast<uint32_t>(p.dstate), 1, 1};
-    if (!cuda::encode_tile_map(&tm->m[5 + isC], isz, 4, v.p, dims, strides, box)) return false;
-  }
+// Fills tm for the call; false where the driver cannot encode a map the kernel would read (the plan's
+// bwd_copy_engine checked everything else), so that the call copies by cp.async instead.
+inline bool tile_maps(const Problem& p, TileMaps* tm) {
+  cuda::TileMapSpec specs[cuda::kBwdTileMaps];
+  cuda::bwd_tile_map_specs(p, specs);
+  for (int i = 0; i < cuda::kBwdTileMaps; ++i)
+    if (specs[i].base != nullptr && !cuda::encode_tile_map(&tm->m[i], specs[i])) return false;
   return true;
 }
 
@@ -153,9 +129,10 @@ __device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
   *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// kTmaCopies: the instance that copies raw tiles with the copy engine (16-bit itypes in sm_90 code; launched when
-// tile_maps succeeded). An instance of its own, so that the other keeps its register allocation and this one carries
-// no cp.async path. Not for fp32, where it spilled 64/140 bytes (ptxas, sm_90) against 28/36.
+// kTmaCopies: the instance that copies raw tiles with the copy engine (16-bit itypes in sm_90 code; launched where
+// the plan chose it, src/cuda/select.cpp's bwd_copy_engine, and tile_maps succeeded). An instance of its own, so
+// that the other keeps its register allocation and this one carries no cp.async path. Not for fp32, where it spilled
+// 64/140 bytes (ptxas, sm_90) against 28/36.
 template <typename T, bool kTmaCopies>
 __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck,
                                                                  const __grid_constant__ TileMaps tm) {

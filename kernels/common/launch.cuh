@@ -48,28 +48,4 @@ class SmemLimit {
   std::atomic<bool> raised_[kDevices];
 };
 
-// Whether a kernel runs code made for one virtual arch on each device (cudaFuncAttributes::ptxVersion: 90 for sm_90
-// SASS or compute_90 PTX; device code sees it as __CUDA_ARCH__ / 10), asked once per (kernel, device). For kernels
-// whose fast path exists only in one arch's code and must not be launched where the device runs another's.
-class SmCode {
- public:
-  template <typename Kernel>
-  bool is(Kernel* kernel, int ptx, const cuda::Launch& l) {
-    const bool cached = l.device >= 0 && l.device < kDevices;
-    if (cached) {
-      const int known = state_[l.device].load(std::memory_order_acquire);
-      if (known != 0) return known == 1;
-    }
-    cudaFuncAttributes a{};
-    const bool yes = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion == ptx;
-    if (!yes) (void)cudaGetLastError();  // a kernel with no image for this device: not an error of the call
-    if (cached) state_[l.device].store(yes ? 1 : 2, std::memory_order_release);
-    return yes;
-  }
-
- private:
-  static constexpr int kDevices = 64;  // ordinals past this ask every time
-  std::atomic<int> state_[kDevices];   // 0 not asked, 1 yes, 2 no
-};
-
 }  // namespace selscan::kern

@@ -234,7 +234,14 @@ struct Plan {
   int64_t items = 0;      // work items (b, g, tile)
   size_t smem = 0;        // dynamic shared memory per block
   size_t ck_bytes = 0;    // checkpoint workspace
+  bool copy_engine = false;  // the instance whose 16-bit raw tiles arrive as tensor-map boxes (bwd_copy_engine)
 };
+// Static shared memory of the copy-engine instance (its barrier and phase words: 520 bytes), rounded up; it counts
+// against the same per-block opt-in limit as the dynamic part.
+constexpr int64_t kTmaStaticSmem = 1024;
+// Whether the running code (DeviceProps::ptx; __CUDA_ARCH__ / 10) has the copy-engine instance: kernels/bwd/ts.cuh
+// compiles its copies for __CUDA_ARCH__ == 900 only, elsewhere a stub.
+SELSCAN_HD constexpr bool copy_engine_arch(int ptx) { return ptx == 90; }
 }  // namespace bwd_ts
 
 struct BwdPlan {

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/tile_map.h"
 #include "selscan/selscan.h"
 
 namespace selscan::cuda {
@@ -270,6 +271,23 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   return SELSCAN_STATUS_SUCCESS;
 }
 
+// The thread-states backward's copy-engine instance (kernels/bwd/ts.cuh): 16-bit tiles, code made for sm_90, room
+// for its static shared memory beside the dynamic part, and every tensor map the call needs within the copy engine's
+// limits (in practice: rows that start on 16 bytes, L a multiple of 8). The instance then copies no tile itself
+// (B5 in validation/optimisation-log.md: -7.5% on issue #20's bf16 rows on the H200).
+namespace {
+bool bwd_copy_engine(const Problem& p, const DeviceProps& dev, size_t smem) {
+  if (itype_bytes(p.itype) != 2 || !bwd_ts::copy_engine_arch(dev.ptx) ||
+      static_cast<int64_t>(smem) + bwd_ts::kTmaStaticSmem > dev.smem_optin)
+    return false;
+  TileMapSpec specs[kBwdTileMaps];
+  bwd_tile_map_specs(p, specs);
+  for (const TileMapSpec& s : specs)
+    if (s.base != nullptr && !tile_map_fits(s)) return false;
+  return true;
+}
+}  // namespace
+
 Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* out) {
   BwdPlan pl;
   const int64_t wsz = p.is_complex ? 2 : 1;
@@ -286,6 +304,7 @@ Status plan_bwd(const Problem& p, const DeviceProps& dev, Force force, BwdPlan* 
     pl.kernel = Kernel::ts;
     pl.images = pl.det_var ? pl.ts.tiles : 1;
     smem = pl.ts.smem;
+    pl.ts.copy_engine = bwd_copy_engine(p, dev, smem);
   } else {
     pl.kernel = Kernel::warp;
     pl.warp = bwd_warp_plan(p, cls, pl.nacc, nvar, pl.det_var);

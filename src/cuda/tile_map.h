@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "problem.h"
+
 namespace selscan::cuda {
 
 // The driver's CUtensorMap: 128 opaque bytes, 128-byte aligned (its layout as cuda.h declares it since CUDA 12).
@@ -13,12 +15,29 @@ struct alignas(128) TileMap {
   uint64_t q[16];
 };
 
-// Encodes *m for a tensor of `rank` (2..5) dimensions, innermost first: their sizes, the byte strides of dimensions 1
-// and up, and the box one copy delivers (box[0] * elem_bytes a multiple of 16). Elements past a dimension's end read
-// as zero. Returns false, leaving the caller to copy another way, where a map cannot serve: a toolkit before CUDA 12,
-// a driver without tensor maps, a base or stride not on 16 bytes, or a size past 2^31 - 1 (kernels address boxes with
-// 32-bit coordinates).
-bool encode_tile_map(TileMap* m, int elem_bytes, int rank, const void* base, const int64_t* dims,
-                     const int64_t* strides, const uint32_t* box);
+// One tensor as the copy engine reads it: `rank` (2..5) dimensions, innermost first: their sizes, the byte strides
+// of dimensions 1 and up, and the box one copy delivers (box[0] * elem_bytes a multiple of 16). Elements past a
+// dimension's end read as zero. base == nullptr: a map the call does not use.
+struct TileMapSpec {
+  const void* base = nullptr;
+  int elem_bytes = 0, rank = 0;
+  int64_t dims[5] = {};
+  int64_t strides[4] = {};
+  uint32_t box[5] = {};
+};
+
+// Whether the copy engine can serve s, as far as the library can tell without the driver: a base and strides on 16
+// bytes, sizes up to 2^31 - 1 (kernels address boxes with 32-bit coordinates), boxes of 1..256 per dimension.
+bool tile_map_fits(const TileMapSpec& s);
+
+// Encodes *m for s. False, leaving the caller to copy another way, where a map cannot serve: tile_map_fits fails, a
+// toolkit before CUDA 12, or a driver without the encoder or refusing the map.
+bool encode_tile_map(TileMap* m, const TileMapSpec& s);
+
+// The maps of the thread-states backward's copy-engine instance (kernels/bwd/ts.cuh, TileMaps), slot by slot: u,
+// delta, dout and, with z, z and out as (L, D, Bt) boxes of kTT steps x kCh channels; variable B, C as (L, N, G, Bt)
+// boxes of kTT steps x N states. Slots the call does not use keep a null base. Needs 16-bit itype tensors.
+constexpr int kBwdTileMaps = 7;
+void bwd_tile_map_specs(const Problem& p, TileMapSpec (&specs)[kBwdTileMaps]);
 
 }  // namespace selscan::cuda

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "cuda/select.h"
@@ -343,6 +344,53 @@ TEST(KernelChoice, BlockModeChecksTheSharedMemoryOfBothKernels) {
 // thread-states kernel's 5-blocks-per-SM instance, the one with a serving variant; forced to the warp-scan kernel it
 // takes that kernel's serving variant. The backward stays on the warp-scan kernel. A packed call's variable dB/dC
 // images have one row.
+// The thread-states backward's copy-engine instance: 16-bit tensors whose every row the call reads starts on 16
+// bytes, in code made for sm_90 (the ptx field), nowhere else. The tensors are never read here: the pointers only
+// carry their alignment.
+TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedSixteenBitRowsInSm90Code) {
+  const auto with_views = [](Shape s, bool has_z, uintptr_t misalign_u) {
+    Problem p = problem(s);
+    const int64_t D = s.dim, L = s.seqlen, N = s.dstate, isz = s.itype == Dtype::f32 ? 4 : 2;
+    uintptr_t next = 0x10000000;
+    const auto view = [&](std::initializer_list<int64_t> strides) {
+      selscan::View v{reinterpret_cast<void*>(next), {0, 0, 0, 0}};
+      int i = 0;
+      for (int64_t st : strides) v.s[i++] = st;
+      next += static_cast<uintptr_t>(s.batch * D * L * isz + 4096) & ~uintptr_t{255};
+      return v;
+    };
+    for (selscan::View* v : {&p.u, &p.delta, &p.dout, &p.out}) *v = view({D * L, L, 1});
+    if (has_z) p.z = view({D * L, L, 1});
+    p.u.p = static_cast<char*>(p.u.p) + misalign_u;
+    if (s.var) p.B = p.C = view({s.groups * N * L, N * L, L, 1});
+    return p;
+  };
+  const auto copy_engine = [](const Problem& p, const cuda::DeviceProps& dev) {
+    cuda::BwdPlan plan;
+    EXPECT_EQ(cuda::plan_bwd(p, dev, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(plan.kernel, cuda::Kernel::ts);
+    return plan.ts.copy_engine;
+  };
+  const Shape row1{8, 1536, 2048, 16};
+  EXPECT_TRUE(copy_engine(with_views(row1, true, 0), kH200));
+  EXPECT_TRUE(copy_engine(with_views(row1, false, 0), kH200)) << "without z: three row maps";
+  EXPECT_TRUE(copy_engine(with_views({8, 1536, 2048, 16, Dtype::f16}, true, 0), kH200));
+  EXPECT_TRUE(copy_engine(with_views({8, 1536, 2048, 16, Dtype::bf16, false}, true, 0), kH200)) << "constant B/C";
+  EXPECT_TRUE(copy_engine(with_views({8, 1536, 2040, 16}, true, 0), kH200)) << "L = 2040: rows of 4080 bytes";
+  EXPECT_FALSE(copy_engine(with_views({8, 1536, 2044, 16}, true, 0), kH200)) << "rows of 4088 bytes: not on 16";
+  EXPECT_FALSE(copy_engine(with_views(row1, true, 8), kH200)) << "u starts 8 bytes past 16";
+  EXPECT_FALSE(copy_engine(with_views({8, 1536, 2048, 16, Dtype::f32}, true, 0), kH200)) << "fp32: cp.async";
+  // The same H200 running code made for another virtual arch (a build with compute_80 PTX only), and a part whose
+  // code is sm_100's: neither has the instance.
+  EXPECT_FALSE(copy_engine(with_views(row1, true, 0), cuda::DeviceProps{0, 90, 132, 232448, 80}));
+  EXPECT_FALSE(copy_engine(with_views(row1, true, 0), cuda::DeviceProps{0, 100, 148, 232448, 100}));
+  // The warp-scan backward has no such instance: the plan's flag stays off.
+  cuda::BwdPlan plan;
+  ASSERT_EQ(cuda::plan_bwd(with_views(row1, true, 0), kH200, cuda::Force::warp, &plan), SELSCAN_STATUS_SUCCESS);
+  EXPECT_EQ(plan.kernel, cuda::Kernel::warp);
+  EXPECT_FALSE(plan.ts.copy_engine);
+}
+
 TEST(KernelChoice, ServingForwardTakesTheThreadStatesServingInstance) {
   Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, true});
   cuda::FwdPlan f;

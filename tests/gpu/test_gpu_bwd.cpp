@@ -587,9 +587,9 @@ TEST_F(BwdGpu, DefaultPlanThreadStatesBf16) {
 }
 
 // Calls whose 16-bit rows start on 16 bytes (L a multiple of 8) take the copy-engine instance of the thread-states
-// backward where the device runs its sm_90 code (kernels/bwd/ts.cuh, tile_maps): a ragged last tile (zeros past L come
-// from the engine), a last channel tile past D (4200 = 131 x 32 + 8), channel tiles that run into the next group
-// (groups of 2100), with and without z, variable and constant B, B and C as (Bt, N, L) (no group stride).
+// backward where the device runs its sm_90 code (src/cuda/select.cpp, bwd_copy_engine): a ragged last tile (zeros
+// past L come from the engine), a last channel tile past D (4200 = 131 x 32 + 8), channel tiles that run into the
+// next group (groups of 2100), with and without z, variable and constant B, B and C as (Bt, N, L) (no group stride).
 TEST_F(BwdGpu, DefaultPlanThreadStatesAlignedRows) {
   uint32_t seed = 960;
   for (int32_t it : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT16}) {
