@@ -2,7 +2,7 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 #        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
-#        serving-ts blocks-profile kprof ab
+#        serving-ts blocks-profile kprof ab bars
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc), CMAKE_ARGS (more options
 #      for the build step's configure, e.g. -DSELSCAN_TORCH_OPS=ON),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
@@ -54,6 +54,8 @@
 #   inside this tree, separated by spaces; AB_PATCH, patch files applied to copies of this tree), alternated
 #   AB_ROUNDS times over AB_FILTER, in ab.md; with AB_CLI, the `selscan` commands with those arguments (';' between
 #   commands) from every tree's build, alternated likewise, in ab-cli.txt.
+# Step `bars`, not part of all either: the default kernel choice against each kernel forced on BARS_SHAPES (the
+#   grids either side of the choice's thresholds), `selscan bench` alternated BARS_ROUNDS times, in bars.md.
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -562,6 +564,64 @@ if [[ " ${steps[*]} " == *" limits "* ]]; then
 fi
 
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+if named bars; then
+  # The kernel choice's bars measured again on this build: each shape in BARS_SHAPES (default: bf16, N 16, grids on
+  # both sides of the forward's warps-per-SM bar and of the backward's warp count, and row 3) through `selscan bench`
+  # with the default choice (auto) and with each kernel forced (SELSCAN_FWD_KERNEL and SELSCAN_BWD_KERNEL = ts, warp),
+  # alternated BARS_ROUNDS times (default 2); bars.md has the better median of the rounds per shape and choice, forward
+  # and backward, and which one the default took. A bar set on an older kernel should move where a forced kernel beats
+  # the default on the default's side of it (src/cuda/select.cpp's thresholds).
+  cli="$BUILD/selscan"
+  if [ ! -x "$cli" ]; then
+    note "bars: no selscan program in $BUILD (run the build step first)"
+  else
+    : >"$OUT/bars.txt"
+    for round in $(seq 1 "${BARS_ROUNDS:-2}"); do
+      for kernel in auto ts warp; do
+        for shape in ${BARS_SHAPES:-1x2048x2048:16 1x4224x512:16 1x5120x512:16 1x8448x512:16 2x5120x512:16 1x8192x512:16 1x2048x65536:16}; do
+          echo "== round $round: $kernel: $shape"
+          SELSCAN_FWD_KERNEL=$kernel SELSCAN_BWD_KERNEL=$kernel "$cli" bench --device cuda --dtype bf16 --shape "$shape" \
+            --iters "${BARS_ITERS:-50}" 2>&1
+        done >>"$OUT/bars.txt"
+      done
+    done
+    python3 - "$OUT/bars.txt" >"$OUT/bars.md" <<'PY'
+import re, sys
+best = {}  # (shape, kernel, direction) -> ms
+head = None
+for line in open(sys.argv[1]):
+    m = re.match(r"== round \d+: (\w+): (\S+)", line)
+    if m:
+        head = m.groups()
+        continue
+    f = line.split()
+    if head and len(f) >= 5 and f[0] == head[1]:
+        for direction, col in (("fwd", 2), ("bwd", 4)):
+            try:
+                v = float(f[col])
+            except ValueError:
+                continue
+            key = (head[1], head[0], direction)
+            best[key] = min(best.get(key, float("inf")), v)
+print("| shape (bf16) | fwd auto | fwd ts | fwd warp | bwd auto | bwd ts | bwd warp |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for shape in dict.fromkeys(k[0] for k in best):
+    row = []
+    for direction in ("fwd", "bwd"):
+        vals = {k: best.get((shape, k, direction)) for k in ("auto", "ts", "warp")}
+        for k in ("auto", "ts", "warp"):
+            v = vals[k]
+            cell = "-" if v is None else "%.4f" % v
+            if k == "auto" and v is not None:  # the kernel the default took: the forced time it matches
+                same = [n for n in ("ts", "warp") if vals[n] is not None and abs(vals[n] - v) <= 0.01 * v]
+                cell += " (%s)" % "/".join(same) if same else ""
+            row.append(cell)
+    print("| %s | %s |" % (shape, " | ".join(row)))
+PY
+    note "bars: rc=$? (bars.md, bars.txt)"
+  fi
+fi
+
 # PACK=1: the logs and JSON files in one archive beside summary.txt, env.txt and the Markdown tables, for copying
 # results off a machine that returns few files.
 if [ "${PACK:-0}" = 1 ]; then
