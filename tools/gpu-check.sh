@@ -563,65 +563,56 @@ if [[ " ${steps[*]} " == *" limits "* ]]; then
   fi
 fi
 
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 if named bars; then
-  # The kernel choice's bars measured again on this build: each shape in BARS_SHAPES (default: bf16, N 16, grids on
-  # both sides of the forward's warps-per-SM bar and of the backward's warp count, and row 3) through `selscan bench`
-  # with the default choice (auto) and with each kernel forced (SELSCAN_FWD_KERNEL and SELSCAN_BWD_KERNEL = ts, warp),
-  # alternated BARS_ROUNDS times (default 2); bars.md has the better median of the rounds per shape and choice, forward
-  # and backward, and which one the default took. A bar set on an older kernel should move where a forced kernel beats
-  # the default on the default's side of it (src/cuda/select.cpp's thresholds).
+  # The kernel choice's bars measured again on this build: the shapes of BARS_SHAPES (default: bf16, N 16, grids on
+  # both sides of the forward's warps-per-SM bar and of the backward's warp count, and row 3) through `selscan bench
+  # --json` with the default choice (auto) and with each kernel forced (SELSCAN_FWD_KERNEL and SELSCAN_BWD_KERNEL =
+  # ts, warp), alternated BARS_ROUNDS times (default 2); bars.md has the better median of the rounds per shape and
+  # choice, forward and backward, and which kernel the default's time matches. A bar set on an older kernel should
+  # move where a forced kernel beats the default on the default's side of it (src/cuda/select.cpp's thresholds).
   cli="$BUILD/selscan"
   if [ ! -x "$cli" ]; then
     note "bars: no selscan program in $BUILD (run the build step first)"
   else
-    : >"$OUT/bars.txt"
+    shape_args=()
+    for shape in ${BARS_SHAPES:-1x2048x2048:16 1x4224x512:16 1x5120x512:16 1x8448x512:16 2x5120x512:16 1x8192x512:16 1x2048x65536:16}; do
+      shape_args+=(--shape "$shape")
+    done
+    bars_rc=0
     for round in $(seq 1 "${BARS_ROUNDS:-2}"); do
       for kernel in auto ts warp; do
-        for shape in ${BARS_SHAPES:-1x2048x2048:16 1x4224x512:16 1x5120x512:16 1x8448x512:16 2x5120x512:16 1x8192x512:16 1x2048x65536:16}; do
-          echo "== round $round: $kernel: $shape"
-          SELSCAN_FWD_KERNEL=$kernel SELSCAN_BWD_KERNEL=$kernel "$cli" bench --device cuda --dtype bf16 --shape "$shape" \
-            --iters "${BARS_ITERS:-50}" 2>&1
-        done >>"$OUT/bars.txt"
+        SELSCAN_FWD_KERNEL=$kernel SELSCAN_BWD_KERNEL=$kernel "$cli" bench --device cuda --dtype bf16 "${shape_args[@]}" \
+          --iters "${BARS_ITERS:-50}" --json >"$OUT/bars-$kernel-$round.json" 2>>"$OUT/bars.log" || bars_rc=1
       done
     done
-    python3 - "$OUT/bars.txt" >"$OUT/bars.md" <<'PY'
-import re, sys
-best = {}  # (shape, kernel, direction) -> ms
-head = None
-for line in open(sys.argv[1]):
-    m = re.match(r"== round \d+: (\w+): (\S+)", line)
-    if m:
-        head = m.groups()
-        continue
-    f = line.split()
-    if head and len(f) >= 5 and f[0] == head[1]:
-        for direction, col in (("fwd", 2), ("bwd", 4)):
-            try:
-                v = float(f[col])
-            except ValueError:
-                continue
-            key = (head[1], head[0], direction)
-            best[key] = min(best.get(key, float("inf")), v)
+    python3 - "$OUT"/bars-*-*.json >"$OUT/bars.md" <<'PY' || bars_rc=1
+import json, os, sys
+best = {}  # (shape, kernel, direction) -> ms, the better of the rounds
+for path in sys.argv[1:]:
+    kernel = os.path.basename(path).split("-")[1]
+    for r in json.load(open(path))["rows"]:
+        for d in ("fwd", "bwd"):
+            key = (r["shape"], kernel, d)
+            best[key] = min(best.get(key, float("inf")), r[d + "_ms"])
 print("| shape (bf16) | fwd auto | fwd ts | fwd warp | bwd auto | bwd ts | bwd warp |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for shape in dict.fromkeys(k[0] for k in best):
-    row = []
-    for direction in ("fwd", "bwd"):
-        vals = {k: best.get((shape, k, direction)) for k in ("auto", "ts", "warp")}
+    cells = []
+    for d in ("fwd", "bwd"):
+        ms = {k: best.get((shape, k, d)) for k in ("auto", "ts", "warp")}
         for k in ("auto", "ts", "warp"):
-            v = vals[k]
-            cell = "-" if v is None else "%.4f" % v
-            if k == "auto" and v is not None:  # the kernel the default took: the forced time it matches
-                same = [n for n in ("ts", "warp") if vals[n] is not None and abs(vals[n] - v) <= 0.01 * v]
+            cell = "-" if ms[k] is None else "%.4f" % ms[k]
+            if k == "auto" and ms[k] is not None:  # which forced kernel the default's time matches (within 1%)
+                same = [n for n in ("ts", "warp") if ms[n] is not None and abs(ms[n] - ms[k]) <= 0.01 * ms[k]]
                 cell += " (%s)" % "/".join(same) if same else ""
-            row.append(cell)
-    print("| %s | %s |" % (shape, " | ".join(row)))
+            cells.append(cell)
+    print("| %s | %s |" % (shape, " | ".join(cells)))
 PY
-    note "bars: rc=$? (bars.md, bars.txt)"
+    note "bars: rc=$bars_rc (bars.md; bars-<kernel>-<round>.json, bars.log)"
   fi
 fi
 
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # PACK=1: the logs and JSON files in one archive beside summary.txt, env.txt and the Markdown tables, for copying
 # results off a machine that returns few files.
 if [ "${PACK:-0}" = 1 ]; then
