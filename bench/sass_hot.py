@@ -72,15 +72,21 @@ def blocks_of(body):
 def hot_path(ins, tt):
     """(instructions a thread runs for one full tile, the state loop's length, blocks skipped as cold)."""
     loops = back_edges(ins)
-    if not loops:
-        raise SystemExit("no loop in the function")
-    tile = max(loops, key=lambda lp: lp[1] - lp[0])
-    inner = [lp for lp in loops if lp != tile and tile[0] <= lp[0] and lp[1] <= tile[1]]
-    state = [lp for lp in inner if sum(1 for a, t in ins if lp[0] <= a <= lp[1] and "MUFU.EX2" in t) == 16]
-    if len(state) != 1:
-        raise SystemExit(f"expected one state loop (16 MUFU.EX2) inside the tile loop, found {len(state)}")
-    st = state[0]
-    others = [lp for lp in inner if lp != st]
+
+    def count(lp, what):
+        return sum(1 for a, t in ins if lp[0] <= a <= lp[1] and what in t)
+
+    state = [lp for lp in loops if count(lp, "MUFU.EX2") == 16]
+    if not state:
+        raise SystemExit("no state loop (a loop with 16 MUFU.EX2)")
+    st = min(state, key=lambda lp: lp[1] - lp[0])  # the innermost: a tile loop may hold exactly its 16 as well
+    # The tile loop: the smallest loop around the state loop with the tile's two barriers. (A branch back from code the
+    # compiler moved out of line, such as an mbarrier wait's retry, also looks like a loop, a larger one.)
+    around = [lp for lp in loops if lp != st and lp[0] <= st[0] and st[1] <= lp[1] and count(lp, "BAR.SYNC") >= 2]
+    if not around:
+        raise SystemExit("no tile loop (a loop with two barriers) around the state loop")
+    tile = min(around, key=lambda lp: lp[1] - lp[0])
+    others = [lp for lp in loops if lp not in (st, tile) and tile[0] <= lp[0] and lp[1] <= tile[1]]
     body = [(a, t) for a, t in ins if tile[0] <= a <= tile[1]]
     total, cold = 0, 0
     for b in blocks_of(body):
@@ -120,7 +126,7 @@ def self_test():
         /*0160*/                   STG.E.U16 desc[UR4][R2.64], R2 ;
         /*0170*/                   BRA 0x190 ;
         /*0180*/                   STG.E.128 desc[UR4][R2.64], R4 ;
-        /*0190*/                   IADD3 R3, R3, 0x1, RZ ;
+        /*0190*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
         /*01a0*/              @!P2 BRA 0x10 ;
         /*01b0*/                   EXIT ;
     """
@@ -137,7 +143,7 @@ def self_test():
     assert len(ins) == 28, len(ins)
     total, state_len, cold = hot_path(ins, 32)
     # the tile loop 0x10..0x1a0: BAR (1) + the state loop 0x20..0x130 (18 instructions x 8) + the branch at 0x140 (1)
-    # + the vector store (1) + the counter and back edge (2); the element path (3) is cold
+    # + the vector store (1) + the second barrier and the back edge (2); the element path (3) is cold
     assert state_len == 18, state_len
     assert total == 1 + 18 * 8 + 1 + 1 + 2, total
     assert cold == 1, cold
