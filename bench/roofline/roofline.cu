@@ -367,7 +367,8 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
     }
 
   // Staging / epilogue role: vectors tid + r*nthreads (r < kC) of the [CH][kTT] channel tiles, each (channel qc[r],
-  // steps qt[r]..+7), and vector tid of the [N][kTT] B/C tiles (row qn read as state qn, steps qtb..qtb+7).
+  // steps qt[r]..+7), and vectors tid + i*nthreads (i < kBv) of the [N][kTT] B/C tiles (row qn[i] read as state
+  // qn[i], steps qtb[i]..+7): one at N 16 and 32, two at N 64 (128-thread blocks, the host's rule).
   int qc[kC], qt[kC];
   bool vact[kC];
   float Dd[kC], dbias[kC];
@@ -383,10 +384,21 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
     dbias[r] = __ldg(a.bias + dq);
     crow[r] = (b * a.dim + dq) * a.len;
   }
-  const int qn = tid / kVpr, qtb = (tid % kVpr) * kV;
-  const bool bact = qn < N;
-  const int64_t brow = (b * N + (bact ? qn : 0)) * a.len;  // state qn's rows of B and C
-  uint4 ru[kC], rdt[kC], rz[kC], ru_cur[kC], rB{}, rC{};
+  constexpr int kBv = N * kVpr > kMaxThreads ? N * kVpr / kMaxThreads : 1;
+  int qn[kBv], qtb[kBv];
+  bool bact[kBv];
+  int64_t brow[kBv];  // state qn's rows of B and C
+  uint4 rB[kBv], rC[kBv];
+#pragma unroll
+  for (int i = 0; i < kBv; ++i) {
+    const int v = tid + i * nthreads;
+    qn[i] = v / kVpr;
+    qtb[i] = (v % kVpr) * kV;
+    bact[i] = qn[i] < N;
+    brow[i] = (b * N + (bact[i] ? qn[i] : 0)) * a.len;
+    rB[i] = rC[i] = uint4{};
+  }
+  uint4 ru[kC], rdt[kC], rz[kC], ru_cur[kC];
 #pragma unroll
   for (int r = 0; r < kC; ++r) ru[r] = rdt[r] = rz[r] = ru_cur[r] = uint4{};
 
@@ -397,10 +409,12 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
         ru[r] = ldg16(a.u + crow[r] + t0 + qt[r]);
         rdt[r] = ldg16(a.delta + crow[r] + t0 + qt[r]);
       }
-    if (bact) {
-      rB = ldg16(a.B + brow + t0 + qtb);
-      rC = ldg16(a.C + brow + t0 + qtb);
-    }
+#pragma unroll
+    for (int i = 0; i < kBv; ++i)
+      if (bact[i]) {
+        rB[i] = ldg16(a.B + brow[i] + t0 + qtb[i]);
+        rC[i] = ldg16(a.C + brow[i] + t0 + qtb[i]);
+      }
   };
   const auto stage = [&]() {
 #pragma unroll
@@ -421,25 +435,27 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
         }
         ru_cur[r] = ru[r];
       }
-    if (bact) {
+#pragma unroll
+    for (int i = 0; i < kBv; ++i) {
+      if (!bact[i]) continue;
       if constexpr (kPack) {
         // entry (t, qn / 4): 4 B values then 4 C values, raw bf16
         uint16_t* const s16 = reinterpret_cast<uint16_t*>(sB);
-        const uint32_t wb[4] = {rB.x, rB.y, rB.z, rB.w}, wc[4] = {rC.x, rC.y, rC.z, rC.w};
+        const uint32_t wb[4] = {rB[i].x, rB[i].y, rB[i].z, rB[i].w}, wc[4] = {rC[i].x, rC[i].y, rC[i].z, rC[i].w};
 #pragma unroll
         for (int j = 0; j < kV; ++j) {
-          const int e = ((qtb + j) * (N / kS) + qn / kS) * 8 + qn % kS;
+          const int e = ((qtb[i] + j) * (N / kS) + qn[i] / kS) * 8 + qn[i] % kS;
           s16[e] = static_cast<uint16_t>(wb[j / 2] >> (16 * (j % 2)));
           s16[e + 4] = static_cast<uint16_t>(wc[j / 2] >> (16 * (j % 2)));
         }
       } else {
         float v[kV];
-        unpack8(rB, v);
+        unpack8(rB[i], v);
 #pragma unroll
-        for (int j = 0; j < kV; ++j) sB[(qtb + j) * N + qn] = v[j];
-        unpack8(rC, v);
+        for (int j = 0; j < kV; ++j) sB[(qtb[i] + j) * N + qn[i]] = v[j];
+        unpack8(rC[i], v);
 #pragma unroll
-        for (int j = 0; j < kV; ++j) sC[(qtb + j) * N + qn] = v[j];
+        for (int j = 0; j < kV; ++j) sC[(qtb[i] + j) * N + qn[i]] = v[j];
       }
     }
   };
@@ -468,10 +484,12 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
         rdt[r] = gen_vec(kTDelta, static_cast<uint32_t>(b), dq, qt[r]);
         rz[r] = gen_vec(kTZ, static_cast<uint32_t>(b), dq, qt[r]);
       }
-    if (bact) {
-      rB = gen_vec(kTB, static_cast<uint32_t>(b), qn, qtb);
-      rC = gen_vec(kTC, static_cast<uint32_t>(b), qn, qtb);
-    }
+#pragma unroll
+    for (int i = 0; i < kBv; ++i)
+      if (bact[i]) {
+        rB[i] = gen_vec(kTB, static_cast<uint32_t>(b), qn[i], qtb[i]);
+        rC[i] = gen_vec(kTC, static_cast<uint32_t>(b), qn[i], qtb[i]);
+      }
     stage();
   } else {
     prefetch(0);
@@ -494,8 +512,11 @@ __device__ __forceinline__ void scan_tiles(const Args& a) {
         opaque(rdt[r]);
         opaque(rz[r]);
       }
-      opaque(rB);
-      opaque(rC);
+#pragma unroll
+      for (int i = 0; i < kBv; ++i) {
+        opaque(rB[i]);
+        opaque(rC[i]);
+      }
     }
     recurrence<N, kPiped, kC, kPack, kShfl>(sDl + cc * kC * kRow, sDu + cc * kC * kRow,
                                             kPack ? sB + k * 4 : sB + k * kS, sC + k * kS,
@@ -1031,8 +1052,8 @@ void usage(FILE* f) {
   std::fprintf(f,
                "usage: selscan_roofline [--shape BtxDxL:N] [--reps R] [--warmup W] [--levels 0,1,2,3,4,5,6]\n"
                "                        [--threads 64|128] [--device I] [--json FILE] [--ncu-csv FILE] [--profile]\n"
-               "  --shape    problem (default 8x1536x2048:16); N 16 or 32, L a multiple of 32, D of the channels a\n"
-               "             block holds (threads / (N/4))\n"
+               "  --shape    problem (default 8x1536x2048:16); N 16, 32 or 64 (64: 128-thread blocks, L1-L3 plain,\n"
+               "             piped and bcpack), L a multiple of 32, D of the channels a block holds (threads / (N/4))\n"
                "  --reps     timed launches per level (default 30; the median is reported), --warmup untimed before (10)\n"
                "  --levels   which levels to run (0 exp, 1 recurrence, 2 on-chip, 3 staged, 4 library; backward, N 16\n"
                "             only: 5 sweep, 6 sweep + pass A)\n"
@@ -1103,8 +1124,8 @@ Options parse(int argc, char** argv) {
       die("unknown argument '" + a + "'");
     }
   }
-  if (o.shape.dstate != 16 && o.shape.dstate != 32)
-    die("--shape: N must be 16 or 32 (4 states a thread, 4 or 8 threads a channel), got " +
+  if (o.shape.dstate != 16 && o.shape.dstate != 32 && o.shape.dstate != 64)
+    die("--shape: N must be 16, 32 or 64 (4 states a thread, 4, 8 or 16 threads a channel), got " +
         std::to_string(o.shape.dstate));
   if (o.shape.len % kTT != 0)
     die("--shape: L must be a multiple of " + std::to_string(kTT) + " (whole tiles), got " +
@@ -1457,9 +1478,10 @@ int main(int argc, char** argv) {
     if (blocks128 < int64_t{4} * dev.sms && N * kVpr <= 64) threads = 64;
   }
   const int CH = threads / TPC;
-  if (N * kVpr > threads)
+  // The B/C tiles take one 16-byte vector a thread, or at N = 64 two a thread of a 128-thread block (scan_tiles).
+  if (N * kVpr > kMaxThreads ? threads != kMaxThreads : N * kVpr > threads)
     die("--threads: " + std::to_string(threads) + " threads cannot stage the B/C tiles of N=" + std::to_string(N) +
-        " (one 16-byte vector each: " + std::to_string(N * kVpr) + " needed)");
+        " (" + std::to_string(N * kVpr) + " 16-byte vectors)");
   if (S.dim % CH != 0)
     die("--shape: D must be a multiple of " + std::to_string(CH) + " (the channels of a " + std::to_string(threads) +
         "-thread block at N=" + std::to_string(N) + "), got " + std::to_string(S.dim));
@@ -1596,8 +1618,9 @@ int main(int argc, char** argv) {
       k<<<static_cast<unsigned>(nb), threads, sm, s>>>(args_of(st));
     };
   };
-  const bool two_ch = S.dim % (2 * CH) == 0;
+  const bool two_ch = N != 64 && S.dim % (2 * CH) == 0;  // the 2ch levels: N 16 and 32
   const bool n16 = N == 16;
+  const auto by_n = [N](Kern k16, Kern k32, Kern k64) { return N == 16 ? k16 : N == 32 ? k32 : k64; };
   const int64_t iters = S.len * kS / kExpChains;
   std::vector<LevelDef> defs;
   defs.push_back({kExp, "L0 exp", "roofline_exp",
@@ -1607,20 +1630,26 @@ int main(int argc, char** argv) {
                   false, false, 4.0 * double(blocks * threads)});
   defs.push_back({kRec, "L1 rec plain", "roofline_rec_plain",
                   "recurrence, inputs in shared tiles written once, y out (bf16); the library's 4-step loop",
-                  tiles(n16 ? roofline_rec_plain<16> : roofline_rec_plain<32>), true, false, io_bytes + params});
+                  tiles(by_n(roofline_rec_plain<16>, roofline_rec_plain<32>, roofline_rec_plain<64>)),
+                  true, false, io_bytes + params});
   defs.push_back({kRec, "L1 rec piped", "roofline_rec_piped",
                   "as L1 plain, the 16 steps' exponentials before their chains",
-                  tiles(n16 ? roofline_rec_piped<16> : roofline_rec_piped<32>), true, false, io_bytes + params});
+                  tiles(by_n(roofline_rec_piped<16>, roofline_rec_piped<32>, roofline_rec_piped<64>)),
+                  true, false, io_bytes + params});
   defs.push_back({kOnChip, "L2 onchip plain", "roofline_onchip_plain",
                   "L1 + staging math and epilogue (softplus, D u, SiLU gate, bf16), raw inputs in registers, out_z",
-                  tiles(n16 ? roofline_onchip_plain<16> : roofline_onchip_plain<32>), false, true, io_bytes + params});
+                  tiles(by_n(roofline_onchip_plain<16>, roofline_onchip_plain<32>, roofline_onchip_plain<64>)),
+                  false, true, io_bytes + params});
   defs.push_back({kOnChip, "L2 onchip piped", "roofline_onchip_piped", "as L2 plain with the piped recurrence",
-                  tiles(n16 ? roofline_onchip_piped<16> : roofline_onchip_piped<32>), false, true, io_bytes + params});
+                  tiles(by_n(roofline_onchip_piped<16>, roofline_onchip_piped<32>, roofline_onchip_piped<64>)),
+                  false, true, io_bytes + params});
   defs.push_back({kStaged, "L3 staged plain", "roofline_staged_plain",
                   "L2 + global traffic: u, delta, z, B, C loaded (bf16), out and out_z stored",
-                  tiles(n16 ? roofline_staged_plain<16> : roofline_staged_plain<32>), true, true, staged_bytes});
+                  tiles(by_n(roofline_staged_plain<16>, roofline_staged_plain<32>, roofline_staged_plain<64>)),
+                  true, true, staged_bytes});
   defs.push_back({kStaged, "L3 staged piped", "roofline_staged_piped", "as L3 plain with the piped recurrence",
-                  tiles(n16 ? roofline_staged_piped<16> : roofline_staged_piped<32>), true, true, staged_bytes});
+                  tiles(by_n(roofline_staged_piped<16>, roofline_staged_piped<32>, roofline_staged_piped<64>)),
+                  true, true, staged_bytes});
   if (two_ch) {
     defs.push_back({kRec, "L1 rec 2ch", "roofline_rec_2ch",
                     "as L1 plain, two channels a thread (half the threads; each B/C read serves 8 updates)",
@@ -1634,7 +1663,8 @@ int main(int argc, char** argv) {
   }
   defs.push_back({kStaged, "L3 bcpack", "roofline_staged_bcpack",
                   "as L3 plain, B and C raw bf16 in one shared tile (one 16-byte read a step)",
-                  tiles(n16 ? roofline_staged_bcpack<16> : roofline_staged_bcpack<32>), true, true, staged_bytes});
+                  tiles(by_n(roofline_staged_bcpack<16>, roofline_staged_bcpack<32>, roofline_staged_bcpack<64>)),
+                  true, true, staged_bytes});
   if (n16)
     defs.push_back({kStaged, "L3 bcpack shfl", "roofline_staged_bcshfl",
                     "as L3 bcpack, the 4 threads' y partials summed by warp shuffles (one y row a channel)",
