@@ -5,9 +5,9 @@
     python3 bench/sass_hot.py fwd.sass 'fwd_ts_kernel.*Li5ELb0ELi0ELb1E'     # bf16, 5 blocks an SM, packed B/C
 
 For a change to the kernel when no GPU is at hand: the count of the path a full tile takes, per state update, on the
-same footing for two builds. How: the tile loop is the function's longest loop; the state loop is the loop inside it
-with 16 MUFU.EX2 (4 steps x 4 states); a tile runs the state loop TT/4 times (--tt, default 32) and everything else
-in the tile loop once, for 4*TT updates a thread. Not counted: basic blocks with element-wise global loads or stores
+same footing for two builds. How: the state loop is the innermost loop with 16 MUFU.EX2 (4 steps x 4 states); the
+tile loop is the smallest loop around it with the tile's two barriers; a tile runs the state loop TT/4 times (--tt,
+default 32) and everything else in the tile loop once, for 4*TT updates a thread. Not counted: basic blocks with element-wise global loads or stores
 (the ragged-tail and unaligned paths), scalar 32-bit stores (the chunk states x, once per 2048 steps), and loops other
 than those two. What it cannot see: which side of a data-dependent branch runs, so a block behind a test that a full
 tile never passes (and that holds none of those instructions) is counted. On 79ef9ab..b13dc92's kernels it gave 12.70

@@ -339,11 +339,6 @@ TEST(KernelChoice, BlockModeChecksTheSharedMemoryOfBothKernels) {
   EXPECT_EQ(f.kernel, cuda::Kernel::ts);
 }
 
-// Serving calls (docs/serving.md): the forward of one follows the dense rules, with the dense call's plan (8
-// sequences packed over 2048 steps: the grid counts sequences, the tile length does not depend on the length) but the
-// thread-states kernel's 5-blocks-per-SM instance, the one with a serving variant; forced to the warp-scan kernel it
-// takes that kernel's serving variant. The backward stays on the warp-scan kernel. A packed call's variable dB/dC
-// images have one row.
 // The thread-states backward's copy-engine instance: 16-bit tensors whose every row the call reads starts on 16
 // bytes, in code made for sm_90 (the ptx field), nowhere else. The tensors are never read here: the pointers only
 // carry their alignment.
@@ -391,6 +386,11 @@ TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedSixteenBitRowsInSm90Code) {
   EXPECT_FALSE(plan.ts.copy_engine);
 }
 
+// Serving calls (docs/serving.md): the forward of one follows the dense rules, with the dense call's plan (8
+// sequences packed over 2048 steps: the grid counts sequences, the tile length does not depend on the length) but the
+// thread-states kernel's 5-blocks-per-SM instance, the one with a serving variant; forced to the warp-scan kernel it
+// takes that kernel's serving variant. The backward stays on the warp-scan kernel. A packed call's variable dB/dC
+// images have one row.
 TEST(KernelChoice, ServingForwardTakesTheThreadStatesServingInstance) {
   Problem p = problem({8, 1536, 2048, 16, Dtype::bf16, true, false, true});
   cuda::FwdPlan f;
