@@ -3,11 +3,15 @@
 
 Usage:
   python3 bench/report.py RUN.json [LABEL=OTHER.json ...] [--output FILE.md] [--plot FILE.png]
-                          [--update-doc docs/performance.md]
+                          [--update-doc docs/performance.md] [--upstream-json UP.json[,UP2.json ...]]
 
 Each input file is one "implementation" (a build, a commit, a GPU); its label is LABEL when given as
 LABEL=path, else the GPU name from the file's context, else the file name. Runs with
 --benchmark_repetitions are reduced to the median (the framework's median aggregate when present).
+Several rounds of one implementation are given as one input, comma-separated (a.json,b.json): each row takes the
+round with the smallest median ("the better of the rounds").
+--upstream-json: upstream's times measured in the same run by bench/upstream_kernels.py (rounds comma-separated as
+above); the issue tables then compare against those instead of the figures in support/bench_shapes.def.
 The plot needs matplotlib; without it the tables are still written.
 """
 
@@ -40,6 +44,9 @@ def upstream_figures(path=SHAPES_DEF):
 # Targets: fwd 1/3, bwd 1/2.5 of upstream.
 UPSTREAM = upstream_figures()
 TARGET_DIV = {"fwd": 3.0, "bwd": 2.5}
+# Issue #20's targets: forward and backward at least 2.0x upstream on every row, and row 1's forward at most 0.23 ms.
+ISSUE20_RATIO = 2.0
+ISSUE20_ROW1_FWD_MS = 0.23
 ISSUE_ORDER = list(UPSTREAM.keys())
 MODE_ORDER = {"fwd": 0, "fwd_infer": 1, "bwd": 2, "bwd_det": 3}
 
@@ -84,6 +91,18 @@ def row_values(b):
 
 
 def load(path, label):
+    """One implementation's results; `path` may list several rounds, comma-separated (the better round per row)."""
+    paths = path.split(",")
+    if len(paths) > 1:
+        rounds = [load(p, label) for p in paths]
+        best = {}
+        for r in rounds:
+            for key, row in r["results"].items():
+                if "ms" in row and (key not in best or row["ms"] < best[key]["ms"]):
+                    best[key] = row
+        errors = {k: v for r in rounds for k, v in r["errors"].items() if k not in best}
+        return {"label": rounds[0]["label"], "path": path, "context": rounds[0]["context"], "results": best,
+                "errors": errors, "rounds": len(paths)}
     with open(path) as f:
         data = json.load(f)
     ctx = data.get("context", {})
@@ -128,7 +147,9 @@ def get(run, section, mode, dtype, shape, field, threads=1):
 def describe(run):
     c = run["context"]
     bits = []
-    if "gpu_name" in c:
+    if c.get("implementation"):  # a bench/upstream_kernels.py file
+        bits.append(f"{c['implementation']} on {c.get('gpu_name', '?')}, torch {c.get('torch', '?')}")
+    elif "gpu_name" in c:
         bits.append(f"{c['gpu_name']}, {c.get('gpu_sms', '?')} SMs at {c.get('gpu_clock_mhz', '?')} MHz, "
                     f"L2 {c.get('gpu_l2_mb', '?')} MB, measured D2D copy {c.get('gpu_d2d_GB_s', '?')} GB/s")
     if c.get("selscan_build"):
@@ -138,7 +159,42 @@ def describe(run):
     return " — ".join(bits) if bits else f"from {run['path']}"
 
 
-def issue_tables(run):
+def upstream_ms(upstream, dtype, shape, mode):
+    """Upstream's time for a row: measured (an --upstream-json run) when given, else the shape table's figure."""
+    if upstream is not None:
+        return get(upstream, "gpu", mode, dtype, shape, "ms")
+    v = UPSTREAM[(dtype, shape)][0 if mode == "fwd" else 1]
+    return v if v > 0 else None
+
+
+def issue20_table(run, upstream):
+    """Issue #20's rows: each direction's ratio to upstream against 2.0x (and row 1's forward against 0.23 ms); a
+    miss says by how much the time must fall."""
+    has = any(get(run, "gpu", m, d, s, "ms") is not None for (d, s) in ISSUE_ORDER for m in ("fwd", "bwd"))
+    if not has:
+        return []
+    out = ["| Bt×D×L:N | itype | fwd ms | upstream | ratio | fwd target met | "
+           "bwd ms | upstream | ratio | bwd target met |",
+           "|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    for row, (d, s) in enumerate(ISSUE_ORDER):
+        cells = [s, d]
+        for mode in ("fwd", "bwd"):
+            ms = get(run, "gpu", mode, d, s, "ms")
+            up = upstream_ms(upstream, d, s, mode)
+            if ms is None or up is None:
+                cells += [fmt(ms, "{:.4f}"), fmt(up, "{:.4f}"), "–", "–"]
+                continue
+            need = up / ISSUE20_RATIO
+            if row == 0 and mode == "fwd":
+                need = min(need, ISSUE20_ROW1_FWD_MS)
+            verdict = "yes" if ms <= need else f"no: needs <= {need:.4f} ms ({100.0 * (need / ms - 1):+.1f}%)"
+            cells += [fmt(ms, "{:.4f}"), fmt(up, "{:.4f}"), f"{up / ms:.2f}x", verdict]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def issue_tables(run, upstream=None):
     out = []
     has = any(get(run, "gpu", m, d, s, "ms") is not None for (d, s) in ISSUE_ORDER for m in ("fwd", "bwd"))
     if not has:
@@ -148,12 +204,12 @@ def issue_tables(run):
     out.append("|---|---|---:|---:|---:|---:|:-:|---:|---:|---:|---:|:-:|")
     for (d, s) in ISSUE_ORDER:
         cells = [s, d]
-        for i, mode in enumerate(("fwd", "bwd")):
+        for mode in ("fwd", "bwd"):
             ms = get(run, "gpu", mode, d, s, "ms")
-            up = UPSTREAM[(d, s)][i]
-            target = up / TARGET_DIV[mode]
-            cells += [fmt(ms), fmt(up), fmt(None if ms is None else up / ms, "{:.2f}×"), fmt(target),
-                      "–" if ms is None else ("yes" if ms <= target else "no")]
+            up = upstream_ms(upstream, d, s, mode)
+            target = None if up is None else up / TARGET_DIV[mode]
+            cells += [fmt(ms), fmt(up), fmt(None if ms is None or up is None else up / ms, "{:.2f}×"), fmt(target),
+                      "–" if ms is None or target is None else ("yes" if ms <= target else "no")]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append("| Bt×D×L:N | itype | fwd_infer ms | bwd_det ms | fwd GB/s | fwd mem floor | fwd exp floor | "
@@ -224,18 +280,27 @@ def cpu_table(run):
     return out
 
 
-def render(runs, plot_path):
+def render(runs, plot_path, upstream=None):
     out = []
     for run in runs:
         out.append(f"### {run['label']}")
         out.append("")
         out.append(describe(run))
         out.append("")
-        issue = issue_tables(run)
+        issue = issue_tables(run, upstream)
         if issue:
             out.append("#### GPU: issue #4 rows (fp32 weights, variable B/C G=1, D, z, delta_bias, softplus)")
             out.append("")
             out += issue
+        i20 = issue20_table(run, upstream)
+        if i20:
+            src = (f"upstream measured in the same run ({describe(upstream)}"
+                   f"{', the better of %d rounds' % upstream['rounds'] if upstream.get('rounds') else ''})"
+                   if upstream is not None else "upstream: support/bench_shapes.def's figures (issue #4)")
+            out.append(f"#### GPU: issue #20's targets (>= {ISSUE20_RATIO}x upstream both ways; row 1's forward "
+                       f"<= {ISSUE20_ROW1_FWD_MS} ms); {src}")
+            out.append("")
+            out += i20
         sweep = sweep_table(run)
         if sweep:
             out.append("#### GPU: time against L")
@@ -312,13 +377,57 @@ def update_doc(doc, text):
         f.write(head + BEGIN + "\n" + text.rstrip() + "\n" + END + tail)
 
 
+def self_test():
+    """The round merge and issue #20's table on made-up selscan_bench and upstream_kernels.py files."""
+    import tempfile
+
+    def bench_file(d, name, rows):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump({"context": {"gpu_name": "GPU"}, "benchmarks": [
+                {"name": f"gpu/{m}/{t}/{s}/manual_time", "run_name": f"gpu/{m}/{t}/{s}/manual_time",
+                 "run_type": "iteration", "ms": ms} for (m, t, s), ms in rows.items()]}, f)
+        return path
+
+    r1, r2 = ("fwd", "bf16", "8x1536x2048:16"), ("bwd", "bf16", "4x5120x2048:16")
+    r3 = ("fwd", "bf16", "4x5120x2048:16")
+    with tempfile.TemporaryDirectory() as d:
+        ours = ",".join([bench_file(d, "a.json", {r1: 0.2250, r2: 1.5700, r3: 0.3806}),
+                         bench_file(d, "b.json", {r1: 0.2243, r2: 1.5690})])
+        ups = ",".join([bench_file(d, "u1.json", {r1: 0.4530, r2: 2.9150}), bench_file(d, "u2.json", {r1: 0.4500})])
+        run, up = load(ours, "ours"), load(ups, "upstream")
+        assert run["rounds"] == 2 and up["rounds"] == 2
+        assert get(run, "gpu", "fwd", "bf16", "8x1536x2048:16", "ms") == 0.2243  # the better round per row
+        assert get(up, "gpu", "fwd", "bf16", "8x1536x2048:16", "ms") == 0.4500
+        table = "\n".join(issue20_table(run, up))
+        # row 1: 0.4500 / 0.2243 = 2.01x, and 0.2243 <= min(0.4500 / 2, 0.23) = 0.2250
+        assert "| 8x1536x2048:16 | bf16 | 0.2243 | 0.4500 | 2.01x | yes |" in table, table
+        # row 2's backward: 2.9150 / 1.5690 = 1.86x; it needs 1.4575 ms, 7.1% less
+        assert "| 1.5690 | 2.9150 | 1.86x | no: needs <= 1.4575 ms (-7.1%) |" in table, table
+        # row 2's forward has no measured upstream time: no ratio and no verdict, not the shape table's figure
+        assert "| 4x5120x2048:16 | bf16 | 0.3806 | – | – | – |" in table, table
+        # without measured figures the shape table's are used: 0.740 / 0.3806 = 1.94x, needs 0.3700
+        table = "\n".join(issue20_table(run, None))
+        assert "| 4x5120x2048:16 | bf16 | 0.3806 | 0.7400 | 1.94x | no: needs <= 0.3700 ms (-2.8%) |" in table, table
+        text = render([run], None, up)
+        assert "upstream measured in the same run" in text and "the better of 2 rounds" in text, text
+    print("report self-test: ok")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("inputs", nargs="+", help="selscan_bench --benchmark_format=json output, optionally LABEL=path")
+    ap.add_argument("inputs", nargs="*", help="selscan_bench --benchmark_format=json output, optionally LABEL=path")
     ap.add_argument("--output", help="write the markdown here (default: stdout)")
     ap.add_argument("--plot", help="PNG of time against L (needs matplotlib)")
     ap.add_argument("--update-doc", help="replace the results block of this markdown file")
+    ap.add_argument("--upstream-json", help="upstream's times from bench/upstream_kernels.py (rounds comma-separated)")
+    ap.add_argument("--self-test", action="store_true", help="check the tables on made-up runs, then exit")
     args = ap.parse_args(argv)
+    if args.self_test:
+        return self_test()
+    if not args.inputs:
+        ap.error("at least one selscan_bench JSON file is needed")
 
     runs = []
     for item in args.inputs:
@@ -331,7 +440,8 @@ def main(argv=None):
         seen[run["label"]] = True
 
     plot_path = args.plot if args.plot and plot(runs, args.plot) else None
-    text = render(runs, plot_path)
+    upstream = load(args.upstream_json, "upstream") if args.upstream_json else None
+    text = render(runs, plot_path, upstream)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text + "\n")

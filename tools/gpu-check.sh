@@ -2,7 +2,7 @@
 # Build for one GPU arch, run the CPU + GPU test suites, compute-sanitizer, and the benchmarks.
 # Usage: tools/gpu-check.sh [steps...]   steps: build upstream test sanitize bench python pyhost hf ddp all (default: all)
 #        and, named only: limits conv-upstream conv-golden conv-bench decode-lean roofline collectives
-#        serving-ts blocks-profile kprof ab bars
+#        serving-ts blocks-profile kprof ab bars baseline
 # Env: OUT (log dir, default ./gpu-check-out), ARCH (default 9.0), JOBS (default nproc), CMAKE_ARGS (more options
 #      for the build step's configure, e.g. -DSELSCAN_TORCH_OPS=ON),
 #      GOLDEN (golden vectors dir, default tests/data/golden), BENCH_FILTER (default all).
@@ -56,6 +56,9 @@
 #   commands) from every tree's build, alternated likewise, in ab-cli.txt.
 # Step `bars`, not part of all either: the default kernel choice against each kernel forced on BARS_SHAPES (the
 #   grids either side of the choice's thresholds), `selscan bench` alternated BARS_ROUNDS times, in bars.md.
+# Step `baseline`, not part of all either: issue #20's table with upstream timed in the same run (selscan_bench's issue
+#   rows and bench/upstream_kernels.py in turn, BASELINE_ROUNDS times, default 2; needs the `upstream` step's build),
+#   in baseline.md (bench/report.py --upstream-json).
 # Step `kprof`, not part of all either: ncu's source counters of one launch each of the thread-states forward and
 #   backward on one benchmark row (KPROF_ROW, default bf16/8x1536x2048:16), and bench/sass_regions.py's
 #   instructions per state update by opcode and loop region (kprof-<mode>.txt; docs/performance.md).
@@ -609,6 +612,31 @@ for shape in dict.fromkeys(k[0] for k in best):
     print("| %s | %s |" % (shape, " | ".join(cells)))
 PY
     note "bars: rc=$bars_rc (bars.md; bars-<kernel>-<round>.json, bars.log)"
+  fi
+fi
+
+# Step `baseline` (named only): issue #20's table with upstream measured in the same run. selscan_bench's issue rows
+# (^gpu/(fwd|bwd)/) and bench/upstream_kernels.py (upstream's selective_scan_cuda timed the same way: needs the
+# `upstream` step's build, this run's or an earlier one's) take turns BASELINE_ROUNDS times (default 2), then
+# bench/report.py puts the better round of each beside the other in baseline.md (issue #20's targets, and by how
+# much a missed row must fall).
+if named baseline; then
+  bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
+  if [ -z "$bench" ]; then
+    note "baseline: no selscan_bench binary (run the build step first)"
+  elif ! python3 -c 'import selective_scan_cuda' 2>/dev/null; then
+    note "baseline: selective_scan_cuda is not importable (run the upstream step with UPSTREAM_SRC first)"
+  else
+    t0=$(date +%s); ours=(); theirs=(); brc=0
+    for r in $(seq 1 "${BASELINE_ROUNDS:-2}"); do
+      "$bench" --benchmark_filter='^gpu/(fwd|bwd)/' --benchmark_format=json \
+        --benchmark_out="$OUT/baseline-selscan-$r.json" --benchmark_out_format=json >>"$OUT/baseline.log" 2>&1 || brc=1
+      python3 bench/upstream_kernels.py --json "$OUT/baseline-upstream-$r.json" >>"$OUT/baseline.log" 2>&1 || brc=1
+      ours+=("$OUT/baseline-selscan-$r.json"); theirs+=("$OUT/baseline-upstream-$r.json")
+    done
+    python3 bench/report.py "selscan=$(IFS=,; echo "${ours[*]}")" --upstream-json "$(IFS=,; echo "${theirs[*]}")" \
+      --output "$OUT/baseline.md" >>"$OUT/baseline.log" 2>&1 || brc=1
+    note "baseline: rc=$brc ($(( $(date +%s) - t0 )) s; baseline.md, baseline-*.json, baseline.log)"
   fi
 fi
 
