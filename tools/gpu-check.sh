@@ -624,7 +624,7 @@ if named baseline; then
   bench=$(find "$BUILD" -name 'selscan_bench' -type f -perm -u+x | head -1)
   if [ -z "$bench" ]; then
     note "baseline: no selscan_bench binary (run the build step first)"
-  elif ! python3 -c 'import selective_scan_cuda' 2>/dev/null; then
+  elif ! python3 -c 'import torch, selective_scan_cuda' 2>/dev/null; then  # torch first: it loads the libraries the extension links
     note "baseline: selective_scan_cuda is not importable (run the upstream step with UPSTREAM_SRC first)"
   else
     t0=$(date +%s); ours=(); theirs=(); brc=0
