@@ -25,8 +25,9 @@ def main():
                                    "build/upstream").parse_args()
     src, sources = upstream_ext.find_sources(PROG, args.checkout, os.path.join("csrc", "selective_scan"), None,
                                              "state-spaces/mamba")
+    std = f"-std={upstream_ext.torch_cxx_std()}"  # upstream passes c++17; newer torch headers need c++20
     path = upstream_ext.build(PROG, "selective_scan_cuda", sources, args, include_dirs=[src],
-                              cflags=["-O3", "-std=c++17"], cuda_cflags=upstream_ext.NVCC_COMMON + ["-std=c++17"])
+                              cflags=["-O3", std], cuda_cflags=upstream_ext.NVCC_COMMON + [std])
     if path:
         print(f"{PROG}: PYTHONPATH={os.path.dirname(path)}")
 

@@ -112,6 +112,22 @@ def check_toolchain(prog):
     return f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvcc {release} at {nvcc}"
 
 
+def torch_cxx_std():
+    """The C++ standard to compile against the installed torch: c++20 where its ATen header demands it (newer torch
+    refuses anything older), else c++17, the one upstream's setup.py files pass."""
+    try:
+        from torch.utils import cpp_extension
+        paths = cpp_extension.include_paths()
+    except ImportError:
+        return "c++17"
+    for d in paths:
+        header = os.path.join(d, "ATen", "ATen.h")
+        if os.path.isfile(header):
+            with open(header) as f:
+                return "c++20" if "C++20 or later" in f.read() else "c++17"
+    return "c++17"
+
+
 def build(prog, name, sources, args, include_dirs, cflags, cuda_cflags):
     """Compiles `name` from `sources` into args.out (a cached build: unchanged sources and flags rebuild nothing).
     Returns the extension's path, or None after a dry run."""
