@@ -159,6 +159,11 @@ def describe(run):
     return " — ".join(bits) if bits else f"from {run['path']}"
 
 
+def has_issue_rows(run):
+    """Whether the run timed any forward or backward of the issue rows."""
+    return any(get(run, "gpu", m, d, s, "ms") is not None for (d, s) in ISSUE_ORDER for m in ("fwd", "bwd"))
+
+
 def upstream_ms(upstream, dtype, shape, mode):
     """Upstream's time for a row: measured (an --upstream-json run) when given, else the shape table's figure."""
     if upstream is not None:
@@ -170,8 +175,7 @@ def upstream_ms(upstream, dtype, shape, mode):
 def issue20_table(run, upstream):
     """Issue #20's rows: each direction's ratio to upstream against 2.0x (and row 1's forward against 0.23 ms); a
     miss says by how much the time must fall."""
-    has = any(get(run, "gpu", m, d, s, "ms") is not None for (d, s) in ISSUE_ORDER for m in ("fwd", "bwd"))
-    if not has:
+    if not has_issue_rows(run):
         return []
     out = ["| Bt×D×L:N | itype | fwd ms | upstream | ratio | fwd target met | "
            "bwd ms | upstream | ratio | bwd target met |",
@@ -196,8 +200,7 @@ def issue20_table(run, upstream):
 
 def issue_tables(run, upstream=None):
     out = []
-    has = any(get(run, "gpu", m, d, s, "ms") is not None for (d, s) in ISSUE_ORDER for m in ("fwd", "bwd"))
-    if not has:
+    if not has_issue_rows(run):
         return out
     out.append("| Bt×D×L:N | itype | fwd ms | upstream | speedup | target ≤ | met | "
                "bwd ms | upstream | speedup | target ≤ | met |")
