@@ -629,7 +629,7 @@ if named baseline; then
   else
     t0=$(date +%s); ours=(); theirs=(); brc=0
     for r in $(seq 1 "${BASELINE_ROUNDS:-2}"); do
-      "$bench" --benchmark_filter='^gpu/(fwd|bwd)/' --benchmark_format=json \
+      "$bench" --benchmark_filter='^gpu/(fwd|bwd)/' --benchmark_format=console \
         --benchmark_out="$OUT/baseline-selscan-$r.json" --benchmark_out_format=json >>"$OUT/baseline.log" 2>&1 || brc=1
       python3 bench/upstream_kernels.py --json "$OUT/baseline-upstream-$r.json" >>"$OUT/baseline.log" 2>&1 || brc=1
       ours+=("$OUT/baseline-selscan-$r.json"); theirs+=("$OUT/baseline-upstream-$r.json")
