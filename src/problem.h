@@ -15,6 +15,9 @@ namespace selscan {
 
 enum class Dtype : int32_t { f32 = 0, f16 = 1, bf16 = 2, c64 = 3 };
 
+// Bytes of one element of a real dtype (f32, f16, bf16): the input/output, conv1d and decode-state tensors.
+SELSCAN_HD constexpr int real_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
+
 constexpr int64_t kChunk = 2048;   // chunk length of the saved states x (upstream's layout)
 constexpr int64_t kMaxDstate = 256;
 

@@ -8,8 +8,6 @@
 namespace selscan::cpu {
 namespace {
 
-int64_t itype_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
-
 // v moved by `elems` elements of `bytes` bytes (absent views stay absent).
 View shifted(const View& v, int64_t elems, int64_t bytes) {
   View r = v;
@@ -59,7 +57,7 @@ SeqProblem sequence_problem(const Problem& p, int64_t b) {
   q.cu_seqlens = q.ssm_states = q.cache_indices = q.has_init = q.block_table = q.context_lens = View{};
   q.block_size = 0;
   // Time-major views: row `row`, time from `start`.
-  const int64_t ib = itype_bytes(p.itype), wb = p.is_complex ? 8 : 4, cw = p.is_complex ? 2 : 1;
+  const int64_t ib = real_bytes(p.itype), wb = p.is_complex ? 8 : 4, cw = p.is_complex ? 2 : 1;
   for (View* v : {&q.u, &q.delta, &q.z, &q.out, &q.out_z, &q.dout, &q.du, &q.ddelta, &q.dz})
     *v = shifted(*v, s.row * v->s[0] + s.start, ib);
   if (p.var_B) q.B = shifted(q.B, s.row * q.B.s[0] + s.start * cw, ib), q.dB = shifted(q.dB, s.row * q.dB.s[0] + s.start * cw, ib);

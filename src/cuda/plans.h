@@ -271,7 +271,7 @@ constexpr int kItems = 4;
 constexpr int kRowBytes = 32;
 constexpr int kPlainRowBytes = 64;
 SELSCAN_HD constexpr int row_items(Dtype t, bool plain) {
-  return (plain ? kPlainRowBytes : kRowBytes) / (t == Dtype::f32 ? 4 : 2);
+  return (plain ? kPlainRowBytes : kRowBytes) / real_bytes(t);
 }
 constexpr int kThreads = 128;  // threads per block of the main kernels
 // Channel-last kernels: a block is row_threads lanes along channels (row_threads * items channels) by

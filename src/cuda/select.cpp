@@ -68,7 +68,6 @@ constexpr size_t kWorkspaceAlign = SELSCAN_WORKSPACE_ALIGNMENT;
 
 size_t align_up(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int itype_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
 
 // Failure messages (the only formatting here; no fmt, so the CPU tests link this file alone).
 Status too_many_blocks(const char* dir, int per_block) {
@@ -106,7 +105,7 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   c.ch = threads / c.tpc;
   c.tiles_per_group = ceil_div(cpg, c.ch);
   // The longest tile whose staging takes one 16-byte vector per thread for the u/delta and the B/C tiles.
-  const int vec_elems = 16 / itype_bytes(p.itype);
+  const int vec_elems = 16 / real_bytes(p.itype);
   c.tt = 0;
   for (int tt : {32, 16, 8}) {
     // Block mode: block ends (multiples of 16 steps from a context that is one) must fall on the ends of the
@@ -131,9 +130,9 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
     out->min_blocks = kMinBlocksMany;
   else
     out->min_blocks = grid_warps <= kFwdTsRoomyWarpsPerSm * dev.sms ? kMinBlocksRoomy : kMinBlocksFew;
-  const bool slots = raw_slots(out->min_blocks, p.serving, packed_bc(itype_bytes(p.itype), p.var_B, p.var_C, c.tpc),
+  const bool slots = raw_slots(out->min_blocks, p.serving, packed_bc(real_bytes(p.itype), p.var_B, p.var_C, c.tpc),
                                slot_arch(dev.ptx));
-  out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C, slots, itype_bytes(p.itype))) * sizeof(float);
+  out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C, slots, real_bytes(p.itype))) * sizeof(float);
   return true;
 }
 
@@ -160,7 +159,7 @@ bool bwd_ts_plan(const Problem& p, SmemClass cls, bool forced, bwd_ts::Plan* out
   const int64_t tiles = ceil_div(p.channels_per_group(), kCh);
   const int64_t items = p.batch * p.groups * tiles;
   if (!forced && (cls != SmemClass::large || tpc != kBwdTsDefaultTpc || items * tpc < kBwdTsMinWarps)) return false;
-  const size_t smem = static_cast<size_t>(layout(tpc, itype_bytes(p.itype)).total) * sizeof(float);
+  const size_t smem = static_cast<size_t>(layout(tpc, real_bytes(p.itype)).total) * sizeof(float);
   if (smem > kBwdBlockSmem[static_cast<int>(cls)]) return false;
   out->threads = kCh * tpc;
   out->tpc = tpc;
@@ -179,7 +178,7 @@ bwd_warp::Plan bwd_warp_plan(const Problem& p, SmemClass cls, int nacc, int nvar
   Plan w;
   const bool cplx = p.is_complex;
   const int64_t wsz = cplx ? 2 : 1;
-  const int isz = itype_bytes(p.itype);
+  const int isz = real_bytes(p.itype);
   w.lane_acc = use_lane_acc(p.dstate, cplx, nacc);
   const int64_t cpg = p.channels_per_group();
   // Channels per block: as many as the group has (up to 8) and the shared memory allows.
@@ -277,7 +276,7 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
 // (B5 in validation/optimisation-log.md: -7.5% on issue #20's bf16 rows on the H200).
 namespace {
 bool bwd_copy_engine(const Problem& p, const DeviceProps& dev, size_t smem) {
-  if (itype_bytes(p.itype) != 2 || !bwd_ts::copy_engine_arch(dev.ptx) ||
+  if (real_bytes(p.itype) != 2 || !bwd_ts::copy_engine_arch(dev.ptx) ||
       static_cast<int64_t>(smem) + bwd_ts::kTmaStaticSmem > dev.smem_optin)
     return false;
   TileMapSpec specs[kBwdTileMaps];
@@ -359,13 +358,11 @@ constexpr int64_t kConv1dClChunks[] = {64, 32, 16, 8, 4};
 // A one-row backward whose walks would be at most this long takes one time tile (plan.direct).
 constexpr int64_t kConv1dClDirectChunk = 16;
 
-int64_t conv1d_esize(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
-
 // Vector IO of `items` consecutive elements along the unit-stride dim of `v` (a (rows, D, L) tensor of dtype t):
 // base and every stride of a dim of size > 1 but `unit` on the vector's boundary (items * element bytes, at most
 // 16: wider runs are several 16-byte vectors).
 bool conv1d_vec_view(const View& v, Dtype t, const int64_t (&sizes)[3], int unit, int items) {
-  const uint64_t e = static_cast<uint64_t>(conv1d_esize(t));
+  const uint64_t e = static_cast<uint64_t>(real_bytes(t));
   const uint64_t align = std::min<uint64_t>(16, e * static_cast<uint64_t>(items));
   if (reinterpret_cast<uintptr_t>(v.p) % align != 0) return false;
   // Unsigned: a size-1 dim may carry any stride, and the residue survives the wrap (2^64 is a multiple of 16).
@@ -485,13 +482,11 @@ Status plan_conv1d_update(const Conv1dUpdate& p, const DeviceProps& dev, Conv1dP
 // ---------------------------------------------------------------- the decode step (kernels/decode/)
 namespace {
 
-int64_t float_bytes(Dtype t) { return t == Dtype::f32 ? 4 : 2; }
-
 // 16-byte loads of a lane's kStatesPerLane consecutive elements: unit last stride, whole lanes, and the base and
 // every other stride (`n` of them) on 16-byte boundaries.
 bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, const int64_t* strides, int n) {
   constexpr int kLane = StateUpdatePlan::kStatesPerLane;
-  const int64_t e = float_bytes(t);
+  const int64_t e = real_bytes(t);
   if (last_stride != 1 || dstate % kLane != 0 || (kLane * e) % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
   // Unsigned: a size-1 dim may carry any stride, and the product's residue mod 16 survives the wrap (2^64 is a
@@ -505,12 +500,12 @@ bool vec_ok(const void* base, Dtype t, int64_t dstate, int64_t last_stride, cons
 // unit last stride, whole lanes, and the base and every other stride on the load's boundary.
 bool lane_vec_ok(const void* base, Dtype t, int64_t dstate, int states, int64_t last_stride, const int64_t* strides,
                  int n) {
-  const int64_t bytes = states * float_bytes(t);
+  const int64_t bytes = states * real_bytes(t);
   const uint64_t align = static_cast<uint64_t>(bytes < 16 ? bytes : 16);
   if (last_stride != 1 || dstate % states != 0) return false;
   if (reinterpret_cast<uintptr_t>(base) % align != 0) return false;
   for (int i = 0; i < n; ++i)  // unsigned, as in vec_ok (align divides 2^64)
-    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(float_bytes(t))) % align != 0) return false;
+    if ((static_cast<uint64_t>(strides[i]) * static_cast<uint64_t>(real_bytes(t))) % align != 0) return false;
   return true;
 }
 
