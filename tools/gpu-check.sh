@@ -52,8 +52,9 @@
 #   serving variant), alternated twice, medians side by side in serving-ts.md.
 # Step `ab`, not part of all either: this tree's selscan_bench rows beside other trees' (AB_TREE, one or more exports
 #   inside this tree, separated by spaces; AB_PATCH, patch files applied to copies of this tree), alternated
-#   AB_ROUNDS times over AB_FILTER, in ab.md; with AB_CLI, the `selscan` commands with those arguments (';' between
-#   commands) from every tree's build, alternated likewise, in ab-cli.txt.
+#   AB_ROUNDS times over AB_FILTER, in ab.md (the JSON files and build logs in ab-logs.tar.gz); with AB_CLI, the
+#   `selscan` commands with those arguments (';' between commands) from every tree's build, alternated likewise, in
+#   ab-cli.txt.
 # Step `bars`, not part of all either: the default kernel choice against each kernel forced on BARS_SHAPES (the
 #   grids either side of the choice's thresholds), `selscan bench` alternated BARS_ROUNDS times, in bars.md.
 # Step `baseline`, not part of all either: issue #20's table with upstream timed in the same run (selscan_bench's issue
@@ -531,6 +532,10 @@ for row in sorted({r for r, _ in best}):
     print("| %s | " % row + " | ".join("%.4f" % m for m in ms) + "".join(" | %.3f" % (m / ms[0]) for m in ms[1:]) + " |")
 PY
     note "ab: rc=$? (ab.md)"
+    # Its JSON files and build logs in one archive beside ab.md: a call cut short in AB_CLI (whose float64 checks of
+    # large shapes take minutes) then still returns them within the device tool's 8 files (run 139 lost ab.md so).
+    (cd "$OUT" && ls ab-[0-9]*-*.json ab-patch.log ab-configure.log ab-build.log 2>/dev/null |
+       tar -czf ab-logs.tar.gz -T - --remove-files)
     # AB_CLI: arguments of `selscan` (e.g. "bench --device cuda --dtype fp16 --shape 8x1536x2048:16 --iters 50", for
     # rows selscan_bench does not have), run from every tree's build, alternated the same way, into ab-cli.txt.
     # Several commands separated by ';' run one after the other (e.g. a `run`, whose float64 check fails a tree
