@@ -1,4 +1,5 @@
-// Condition scales of single reduced-gradient elements (tests/gpu/test_gpu_limits.cpp), computed on demand.
+// Condition scales of single reduced-gradient elements (tests/gpu/test_gpu_limits.cpp, test_gpu_bwd.cpp), computed
+// on demand.
 #pragma once
 
 #include <cstdint>
@@ -19,11 +20,14 @@ namespace selscan_test {
 // cost nothing, even at a million tokens.
 class ReducedCond {
  public:
-  explicit ReducedCond(const Case& c) : c_(c) {}
+  explicit ReducedCond(const Case& c) : s_(c.spec), c_(&c) {}
+  // A problem already in float64 form: `dout` is the gradient of its final output (out_z with z, else y).
+  ReducedCond(const CaseSpec& s, RefProblem p, std::vector<double> dout)
+      : s_(s), p_(std::move(p)), dout_(std::move(dout)) {}
 
   // Element `i` of values() of output `name` (dA, dB, dC, dD or ddelta_bias).
   double at(const std::string& name, size_t i) {
-    const CaseSpec& s = c_.spec;
+    const CaseSpec& s = s_;
     const int64_t N = s.dstate, L = s.seqlen;
     const bool var = (name == "dB" && s.var_B) || (name == "dC" && s.var_C);
     if (name == "dD" || name == "ddelta_bias") {  // (D), real
@@ -47,20 +51,21 @@ class ReducedCond {
  private:
   std::vector<int64_t> iota_states() const {
     std::vector<int64_t> v;
-    for (int64_t n = 0; n < c_.spec.dstate; ++n) v.push_back(n);
+    for (int64_t n = 0; n < s_.dstate; ++n) v.push_back(n);
     return v;
   }
   const RefBwd& bwd(const std::vector<int64_t>& ch, const std::vector<int64_t>& st) {
     auto it = cache_.find({ch, st});
     if (it != cache_.end()) return it->second;
     if (p_.u.empty()) {
-      p_ = ref_problem(c_);
-      dout_ = ref_dout(c_);
+      p_ = ref_problem(*c_);
+      dout_ = ref_dout(*c_);
     }
     return cache_[{ch, st}] = ref_backward(restrict_problem(p_, ch, st), restrict_bdl(p_, dout_, ch), true);
   }
 
-  const Case& c_;
+  CaseSpec s_;
+  const Case* c_ = nullptr;  // where p_ and dout_ come from when first needed (the first constructor)
   RefProblem p_;
   std::vector<double> dout_;
   std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, RefBwd> cache_;
