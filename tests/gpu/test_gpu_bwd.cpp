@@ -396,7 +396,7 @@ void expect_close(const std::string& what, const std::vector<float>& got, const 
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
-    const double lim = std::max(atol + rtol * std::fabs(ref[i]), bound ? (*bound)[i] : 0.0);
+    const double lim = limit_at(ref, Tol{rtol, atol}, bound, i);
     const double ratio = std::isnan(got[i]) ? 1e30 : err / lim;
     if (ratio > worst) worst = ratio;
     if (!(ratio <= 1.0)) {
@@ -428,7 +428,7 @@ void check_all(Call& k, const Ref& r, double scale = 1.0, bool on_device = true)
     const double rt = tol.rtol * scale, at = tol.atol * scale;
     std::vector<double> bound(r.rc ? g.size() : 0, 0.0);
     for (size_t i = 0; i < bound.size() && i < ref.size(); ++i)
-      if (!(std::fabs(g[i] - ref[i]) <= at + rt * std::fabs(ref[i])))
+      if (!(std::fabs(g[i] - ref[i]) <= limit_at(ref, Tol{rt, at}, nullptr, i)))
         bound[i] = scale * kCondK * kU32 * r.rc->at(name, i);
     expect_close(name + tag, g, ref, rt, at, r.rc ? &bound : nullptr);
   };
