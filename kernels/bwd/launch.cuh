@@ -52,7 +52,7 @@ Status launch_typed(const Problem& p, const cuda::BwdPlan& plan, const cuda::Lau
       // The copy-engine instance where the plan chose it, unless the driver cannot encode the call's maps.
       static SmemLimit limit, tma_limit;
       ts::TileMaps maps{};
-      const bool tma = sizeof(T) == 2 && plan.ts.copy_engine && ts::tile_maps(p, &maps);
+      const bool tma = plan.ts.copy_engine && ts::tile_maps(p, &maps);
       auto kfn = tma ? ts::bwd_ts_kernel<T, true> : ts::bwd_ts_kernel<T, false>;
       // The copy-engine instance's static shared memory (its barrier and phase words) counts against the same
       // per-block opt-in limit as the dynamic part, so its dynamic limit is raised that much less.

@@ -85,9 +85,7 @@ struct TileMaps {
 inline bool tile_maps(const Problem& p, TileMaps* tm) {
   cuda::TileMapSpec specs[cuda::kBwdTileMaps];
   cuda::bwd_tile_map_specs(p, specs);
-  for (int i = 0; i < cuda::kBwdTileMaps; ++i)
-    if (specs[i].base != nullptr && !cuda::encode_tile_map(&tm->m[i], specs[i])) return false;
-  return true;
+  return cuda::encode_tile_maps(tm->m, specs);
 }
 
 // 4 consecutive itype values of a raw shared-memory row as floats.
@@ -129,10 +127,9 @@ __device__ __forceinline__ void st4(float* q, const float (&v)[4]) {
   *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// kTmaCopies: the instance that copies raw tiles with the copy engine (16-bit itypes in sm_90 code; launched where
-// the plan chose it, src/cuda/select.cpp's bwd_copy_engine, and tile_maps succeeded). An instance of its own, so
-// that the other keeps its register allocation and this one carries no cp.async path. Not for fp32, where it spilled
-// 64/140 bytes (ptxas, sm_90) against 28/36.
+// kTmaCopies: the instance that copies raw tiles with the copy engine (sm_90 code; launched where the plan chose it,
+// src/cuda/select.cpp's bwd_copy_engine, and tile_maps succeeded). An instance of its own, so that the other keeps
+// its register allocation and this one carries no cp.async path.
 template <typename T, bool kTmaCopies>
 __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args args, const Shape pl, float4* ck,
                                                                  const __grid_constant__ TileMaps tm) {
@@ -174,12 +171,12 @@ __global__ void __launch_bounds__(kCh * kMaxTpc, 3) bwd_ts_kernel(const Args arg
   // instead of every thread issuing 16-byte cp.async copies with their address arithmetic and tests. Each thread
   // keeps the barrier's phase parity in its own shared word, not in a register across the sweep (all are taken).
 #if defined(SELSCAN_TILE_COPIES) && __CUDA_ARCH__ == 900
-  constexpr bool kTma = kTmaCopies && isz == 2;
+  constexpr bool kTma = kTmaCopies;
 #else
   constexpr bool kTma = false;
 #endif
-  // In code for other archs (and for fp32) the copy-engine instance is a stub, never launched: the host launches it
-  // only for 16-bit itypes running sm_90 code. Its work loop has no items, so the compiler drops the body.
+  // In code for other archs the copy-engine instance is a stub, never launched: the host launches it only where the
+  // device runs sm_90 code. Its work loop has no items, so the compiler drops the body.
   constexpr bool kStub = kTmaCopies && !kTma;
   if constexpr (kStub) __trap();
   __shared__ uint64_t tma_bar;

@@ -41,7 +41,19 @@ template <typename T, int kMinBlocks, bool kServing = false, int kBlocks = kNoBl
 Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   static SmemLimit limit;
   return launch_kernel(&ts::fwd_ts_kernel<T, kMinBlocks, kServing, kBlocks, kPackBC>, limit, t.blocks,
-                       t.shape.ch * t.shape.tpc, t.smem, l, p, t.shape);
+                       t.shape.ch * t.shape.tpc, t.smem, l, p, t.shape, ts::NoTileMaps{});
+}
+
+// The slots instance's copy-engine form, where the plan chose it and the driver encoded every map; else the cp.async
+// form.
+template <typename T>
+Status launch_ts_slots(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
+  constexpr int kMany = cuda::fwd_ts::kMinBlocksMany;
+  ts::TileMaps maps;
+  if (!t.copy_engine || !ts::tile_maps(p, &maps)) return launch_ts<T, kMany, false, kNoBlocks, true>(p, t, l);
+  static SmemLimit limit;
+  return launch_kernel(&ts::fwd_ts_kernel<T, kMany, false, kNoBlocks, true, true>, limit, t.blocks,
+                       t.shape.ch * t.shape.tpc, t.smem, l, p, t.shape, maps);
 }
 
 // The dense thread-states forward at launch-bounds variant MINB; a 16-bit itype with variable B and C at the default
@@ -50,8 +62,10 @@ Status launch_ts(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Laun
 template <typename T, int MINB>
 Status launch_ts_dense_at(const Problem& p, const cuda::fwd_ts::Plan& t, const cuda::Launch& l) {
   if constexpr (sizeof(T) == 2) {
-    if (cuda::fwd_ts::packed_bc(2, p.var_B, p.var_C, t.shape.tpc))
+    if (cuda::fwd_ts::packed_bc(2, p.var_B, p.var_C, t.shape.tpc)) {
+      if constexpr (MINB == cuda::fwd_ts::kMinBlocksMany) return launch_ts_slots<T>(p, t, l);
       return launch_ts<T, MINB, false, kNoBlocks, true>(p, t, l);
+    }
   }
   return launch_ts<T, MINB>(p, t, l);
 }

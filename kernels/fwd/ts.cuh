@@ -31,11 +31,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/io.cuh"
 #include "../common/math.cuh"
 #include "../common/serving.cuh"
 #include "cuda/plans.h"
+#include "cuda/tile_map.h"
 #include "problem.h"
 
 namespace selscan::kern::fwd::ts {
@@ -52,7 +54,8 @@ using Cfg = cuda::fwd_ts::Shape;  // the launch shape (src/cuda/plans.h)
 __device__ __forceinline__ int bc_row(int t, int vs, int np) { return t * np + (vs ? (t >> vs) << 3 : 0); }
 
 // The state loop: kS states of one channel over tt steps (a multiple of 4), B and C of step t + j as floats from
-// bc(t, j, bv, cv) (t the first of 4 steps), y partials per step into y_row, the delta sum for chunk states if asked.
+// bc(t, j, bv, cv) (t the first of 4 steps), y partials per step into y_row, the delta sum for chunk states if asked
+// (the instances without kStageSum, fwd_ts_kernel).
 // kPrefetch: delta' and delta'u of the next 4 steps are read before this group's y store, which the compiler cannot
 // move the next group's reads above (all are shared memory), so their latency hides behind this group's math; 8
 // registers, so for the variants that have them. The read past the last group stays inside the row (a tile's rows
@@ -191,15 +194,46 @@ struct SeqFields {
 // kernels/common/serving.cuh).
 constexpr int kSeqOther = -1;
 
+// The copy-engine instance's tensor maps (src/cuda/tile_map.h, fwd_tile_map_specs), in its slot order; the other
+// instances take an empty parameter in their place.
+struct TileMaps {
+  cuda::TileMap m[cuda::kFwdTileMaps];
+};
+struct NoTileMaps {};
+// Fills tm for the call; false where the driver cannot encode a map the kernel would read (the plan's
+// fwd_copy_engine checked everything else), so that the call takes the cp.async slots instead.
+inline bool tile_maps(const Problem& p, TileMaps* tm) {
+  cuda::TileMapSpec specs[cuda::kFwdTileMaps];
+  cuda::fwd_tile_map_specs(p, specs);
+  return cuda::encode_tile_maps(tm->m, specs);
+}
+
 // MINB: the launch-bounds occupancy hint, 3 (up to 168 registers), 4 (128, no spills) or 5 (96, spills outside the
 // state loop); which one serves a grid is a rule of the kernel choice (src/cuda/select.cpp, kFwdTsRoomyWarpsPerSm and
 // kFwdTsManyWarpsPerSm).
 // kPackBC: the instance for dense calls of a 16-bit itype with variable B and C (steps_packed); an instance of its
 // own, since the float B/C paths beside it in one kernel cost the 128-register variant spills in the tile loop.
-template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks, bool kPackBC = false>
-__global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem p, const Cfg cfg) {
+// kTma: the slots instance's copy-engine form (src/cuda/select.cpp, fwd_copy_engine), an instance of its own so that
+// the cp.async form keeps its register allocation: in sm_90 code every slot row set of the next tile (u, delta, B,
+// C) and this tile's z arrives as one tensor-map box, whose rows (32 channels or N states of 32 steps, 16-bit) are
+// the 16-byte slots of the block's 128 threads in thread order; no copy instructions, address arithmetic or tail
+// tests on the threads (zeros past L and D come from the engine). In code for other archs it is a stub, never
+// launched.
+template <typename T, int MINB, bool kServing, int kBlocks = kNoBlocks, bool kPackBC = false, bool kTma = false>
+__global__ void __launch_bounds__(kMaxThreads, MINB)
+    fwd_ts_kernel(const Problem p, const Cfg cfg, const __grid_constant__ std::conditional_t<kTma, TileMaps, NoTileMaps> tm) {
   static_assert(kBlocks == kNoBlocks || (kServing && kBlocks == kBlocksAligned), "block mode: serving, aligned");
   static_assert(!kPackBC || (sizeof(T) == 2 && !kServing), "the packed B/C tile: dense calls, 16-bit itypes");
+  static_assert(!kTma || (kPackBC && MINB == cuda::fwd_ts::kMinBlocksMany), "the copy engine fills the slots instance's slots");
+#if defined(SELSCAN_TILE_COPIES) && __CUDA_ARCH__ == 900
+  constexpr bool kTmaOn = kTma;
+#else
+  constexpr bool kTmaOn = false;
+#endif
+  if constexpr (kTma && !kTmaOn) {
+    __trap();
+    return;
+  }
   constexpr int V = Vec16<T>::kElems;  // itype elements per 16-byte vector
   // The 16-bit variant at MINB 4 (128 registers) is register-starved: the branch-free softplus (more live values while
   // 8 are converted) and the B/C group shift (an address term in the state loop) each measured slower there, while
@@ -301,6 +335,14 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   // kAsync: [kRawSlots][threads] 16-byte slots: the next tile's u, delta, B, C; this tile's z and u.
   // 16-bit instances never use sUD (their D u comes from the raw u), so their slots start there.
   uint4* sRaw = reinterpret_cast<uint4*>(sizeof(T) == 4 ? sUD + CH * ROW : sUD);
+  if constexpr (kTmaOn) {  // the boxes land on 128 bytes (the plan's kTmaSlack); offset from sRaw, so that the
+                           // compiler still sees a shared-memory pointer
+    const unsigned a = smem_addr(sRaw);
+    sRaw = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sRaw) + (((a + 127u) & ~127u) - a));
+  }
+  __shared__ uint64_t tma_bar;  // kTma: one phase a tile (the boxes issued after its first barrier)
+  if constexpr (kTmaOn)
+    if (tid == 0) mbar_init(&tma_bar);  // the barrier below makes it the block's
   const auto slot = [&](int i) -> uint4* { return sRaw + i * nthreads + tid; };
 
   // ---- compute role: channel cc of the block, states n = k*kS + s
@@ -359,36 +401,80 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
   const T* B_row = (var_B && bact) ? static_cast<const T*>(p.B.p) + bc_base(p.B) : nullptr;
   const T* C_row = (var_C && bact) ? static_cast<const T*>(p.C.p) + bc_base(p.C) : nullptr;
 
+  // kLeanStaging: the staging below with the chunk sum staged (kStageSum), one end test a vector and one a tile; not
+  // in the MINB 3 instances, which keep the staging they were tuned with: theirs is on the latency-bound path, and
+  // these changes measured slower there (+0.6..+1.1% on 8x1536x2048:16 bf16 and fp32, H100 run 139), where the
+  // 5-blocks packed instance gained 2.3%.
+  constexpr bool kLeanStaging = MINB != cuda::fwd_ts::kMinBlocksRoomy;
+  // x's decay products need each chunk's sum of delta'. kStageSum: the staging threads add up the values they convert,
+  // once per (channel, step), instead of each of a channel's TPC threads in its state loop (4-6 instructions per 16
+  // state updates), into a running sum per staging thread kept in the padding of the channel's delta' and delta'u rows
+  // (vpr <= 8 slots: 4 floats after each row's TT steps), which the compute threads add up at a chunk's last tile. Not
+  // in the MINB 4 instances with float B/C tiles, where it cost spill loads in the tile loop (ptxas, sm_90).
+  constexpr bool kStageSum = kLeanStaging && (MINB != cuda::fwd_ts::kMinBlocksFew || kPackBC);
+  const bool want_x = p.x.p != nullptr;
+  float* const ssum = sDl + (qt / V >= 4 ? CH * ROW : 0) + qc * ROW + TT + (qt / V) % 4;
+
   // Where the epilogue finds D u: fp16/bf16 keep the raw u vector in registers (4 registers); fp32 stages D u in
   // shared memory. Each measured faster for its itype, through register allocation rather than by instruction count.
   constexpr bool kUdInSmem = sizeof(T) == 4;
   uint4 ru, rdt, rB, rC, rz, ru_cur;  // the next tile's inputs (loaded during this tile's compute); z, u of this one
-  // kAsync: one 16-byte vector of a row into slot i, by cp.async when whole and aligned, else read and stored here.
+  // kAsync: one 16-byte vector of a row into slot i, by cp.async when it is aligned and inside the sequence (`vec`
+  // says both with kLeanStaging, only the first without), else read and stored here.
   const auto to_slot = [&](int i, const T* row, int64_t t, bool vec) {
-    if (vec && t + V <= len()) cp_async16(slot(i), row + t);
+    if (vec && (kLeanStaging || t + V <= len())) cp_async16(slot(i), row + t);
     else *slot(i) = load_row16<T, kServing>(row, t, len(), false);
   };
+  // kLeanStaging: the vectors a thread loads for a tile share their steps, so one 64-bit test says whether they lie
+  // inside the sequence (the loads test it again only on the element path).
   const auto prefetch = [&](int64_t t0) {
+    const bool whole = !kLeanStaging || t0 + qt + V <= len();
     if constexpr (kAsync) {
       if (vact) {
-        to_slot(0, u_row, t0 + qt, vec_in);
-        to_slot(1, dt_row, t0 + qt, vec_in);
+        to_slot(0, u_row, t0 + qt, vec_in && whole);
+        to_slot(1, dt_row, t0 + qt, vec_in && whole);
       }
-      if (B_row != nullptr) to_slot(2, B_row, t0 + qt, aligned16(B_row));
-      if (C_row != nullptr) to_slot(3, C_row, t0 + qt, aligned16(C_row));
+      if (B_row != nullptr) to_slot(2, B_row, t0 + qt, whole && aligned16(B_row));
+      if (C_row != nullptr) to_slot(3, C_row, t0 + qt, whole && aligned16(C_row));
       cp_async_commit();
       return;
     }
     if (vact) {
-      ru = load_row16<T, kServing>(u_row, t0 + qt, len(), vec_in);
-      rdt = load_row16<T, kServing>(dt_row, t0 + qt, len(), vec_in);
+      ru = load_row16<T, kServing>(u_row, t0 + qt, len(), vec_in && whole);
+      rdt = load_row16<T, kServing>(dt_row, t0 + qt, len(), vec_in && whole);
     }
-    if (B_row != nullptr) rB = load_row16<T, kServing>(B_row, t0 + qt, len(), aligned16(B_row));
-    if (C_row != nullptr) rC = load_row16<T, kServing>(C_row, t0 + qt, len(), aligned16(C_row));
+    if (B_row != nullptr) rB = load_row16<T, kServing>(B_row, t0 + qt, len(), whole && aligned16(B_row));
+    if (C_row != nullptr) rC = load_row16<T, kServing>(C_row, t0 + qt, len(), whole && aligned16(C_row));
   };
-  const auto stage = [&](int64_t t0) {
+  // kTma: one phase's boxes: the tile at t_next's u, delta, B and C (when `next`) and z at t_z (when `with_z`), each
+  // into its slot row set. Lane 0 of warp w asks for boxes w, w + 4, ... of those; warp 0 also posts the phase's
+  // bytes (boxes may land before that: the phase completes once the arrival is in and the byte count is back at 0).
+  const auto tma_issue = [&](int64_t t_next, bool next, int64_t t_z, bool with_z) {
+    if constexpr (kTmaOn) {
+      if ((tid & 31) != 0 || !(next || with_z)) return;
+      constexpr unsigned kRowBytes = cuda::fwd_ts::kTmaTt * sizeof(T);
+      const int w = tid >> 5, nw = nthreads >> 5;
+      const unsigned ch = static_cast<unsigned>(CH), ns = static_cast<unsigned>(N);
+      if (w == 0) mbar_arrive_expect(&tma_bar, ((next ? 2 * (ch + ns) : 0u) + (with_z ? ch : 0u)) * kRowBytes);
+      const int y = static_cast<int>(g * cpg + c0), bb = static_cast<int>(b), gg = static_cast<int>(g);
+      for (int j = w; j < 5; j += nw) {
+        if (j < 4 ? !next : !with_z) continue;
+        void* dst = sRaw + j * nthreads;
+        if (j == 2 || j == 3)
+          tile_load(dst, &tm.m[j], static_cast<int>(t_next), 0, gg, bb, &tma_bar);
+        else
+          tile_load(dst, &tm.m[j], static_cast<int>(j < 4 ? t_next : t_z), y, bb, &tma_bar);
+      }
+    }
+  };
+  // The slots of the tile staged next have landed (kTma: the phase of parity ph).
+  const auto slots_landed = [&](unsigned ph) {
+    if constexpr (kTmaOn) mbar_wait(&tma_bar, ph);
+    else cp_async_wait_all();
+  };
+  const auto stage = [&](int64_t t0, unsigned ph) {
     if constexpr (kAsync) {
-      cp_async_wait_all();
+      slots_landed(ph);
       if (vact) {
         ru = *slot(0);
         rdt = *slot(1);
@@ -400,13 +486,26 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
       float uu[V], dl[V], du[V];
       unpack16<T>(ru, uu);
       unpack16<T>(rdt, dl);
+      // Steps of the vector inside the sequence (at most V, negative past it): with kLeanStaging one 64-bit test a
+      // vector, not one an element.
+      const int64_t left = len() - t0 - qt;
+      const int rem = left < V ? static_cast<int>(left) : V;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         float v = dl[j] + dbias;
         if (p.softplus) v = kLean ? softplus_serial(v) : softplus(v);
-        if (t0 + qt + j >= len()) v = 0.f;  // past the end: the identity step (a = 1, b̄ = 0)
+        const bool past = kLeanStaging ? j >= rem : t0 + qt + j >= len();
+        if (past) v = 0.f;  // past the end: the identity step (a = 1, b̄ = 0)
         dl[j] = v;
         du[j] = v * uu[j];
+      }
+      if (kStageSum && want_x) {
+        float part[V / 2];
+#pragma unroll
+        for (int j = 0; j < V / 2; ++j) part[j] = dl[2 * j] + dl[2 * j + 1];
+        float sum = part[0] + part[1];
+        if constexpr (V == 8) sum += part[2] + part[3];
+        *ssum = t0 % kChunk == 0 ? sum : *ssum + sum;  // a chunk's first tile starts the sum
       }
 #pragma unroll
       for (int j = 0; j < V; j += 4) {
@@ -447,19 +546,23 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
     }
   };
 
-  const bool want_x = p.x.p != nullptr;
+  const bool loop_sum = want_x && !kStageSum;  // the delta sum in the state loops
   const int64_t ntiles = (len() + TT - 1) / TT;
   float dsum = 0.f;
   // Block mode: the sequence offset of the next block end, a compare per 16-step piece rather than a 64-bit modulo.
   int64_t next_end = 0;
   if constexpr (kBlocks == kBlocksAligned) next_end = sq.block - sq.ctx % sq.block;
-  prefetch(0);
-  stage(0);
+  // kTma's phases: the first tile's inputs are phase 0, those issued in iteration `it` phase it + 1.
+  if constexpr (kTmaOn) tma_issue(0, true, 0, false);
+  else prefetch(0);
+  stage(0, 0u);
   for (int64_t it = 0; it < ntiles; ++it) {
     const int64_t t0 = it * TT;
+    const unsigned ph = static_cast<unsigned>(it + 1) & 1u;
     __syncthreads();  // the staged tile is visible; the previous epilogue is done with sY
-    if (it + 1 < ntiles) prefetch(t0 + TT);
-    if (has_z && vact) {
+    if constexpr (kTmaOn) tma_issue(t0 + TT, it + 1 < ntiles, t0, has_z);
+    else if (it + 1 < ntiles) prefetch(t0 + TT);
+    if (!kTmaOn && has_z && vact) {
       const T* z_row = static_cast<const T*>(p.z.p) + row(p.z);
       if constexpr (kAsync) {
         to_slot(4, z_row, t0 + qt, aligned16(z_row));
@@ -483,7 +586,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         for (int t_in = 0; t_in < TT; t_in += kPiece) {
           const int bo = bc_row(t_in, VS, NP);  // the B/C group shift is additive over whole groups
           steps_any<VS, kPrefetch>(var_B, var_C, kPiece, dl_row + t_in, du_row + t_in, sBk + bo, sCk + bo, NP, y_row + t_in, h, a2,
-                        bs, cf, want_x, dsum);
+                        bs, cf, loop_sum, dsum);
           const int64_t pend = t0 + t_in + kPiece;
           if (pend == next_end) {
             next_end += sq.block;
@@ -501,9 +604,9 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           }
         }
       } else if constexpr (kPackBC) {  // the tile in one piece
-        steps_packed<T, kPrefetch>(TT, dl_row, du_row, reinterpret_cast<const uint4*>(sB) + k, TPC, y_row, h, a2, want_x, dsum);
+        steps_packed<T, kPrefetch>(TT, dl_row, du_row, reinterpret_cast<const uint4*>(sB) + k, TPC, y_row, h, a2, loop_sum, dsum);
       } else {
-        steps_any<VS, kPrefetch>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, want_x, dsum);
+        steps_any<VS, kPrefetch>(var_B, var_C, TT, dl_row, du_row, sBk, sCk, NP, y_row, h, a2, bs, cf, loop_sum, dsum);
       }
       const int64_t tend = t0 + TT;
       if (want_x && (tend % kChunk == 0 || tend >= len())) {
@@ -514,6 +617,10 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
           xr = static_cast<float*>(p.x.p) + sq.row * p.x.s[0] + d * p.x.s[1] + (sq.xc0 + t0 / kChunk) * p.x.s[2];
         else
           xr = static_cast<float*>(p.x.p) + b * p.x.s[0] + d * p.x.s[1] + (t0 / kChunk) * p.x.s[2];
+        if constexpr (kStageSum) {  // the running sums of the channel's staging threads (stage)
+#pragma unroll 1
+          for (int v = 0; v < TT / V; ++v) dsum += dl_row[(v >= 4 ? CH * ROW : 0) + TT + v % 4];
+        }
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
           const int64_t n = static_cast<int64_t>(k) * kS + s;
@@ -561,7 +668,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         T* oz_row = static_cast<T*>(p.out_z.p) + row(p.out_z);
         float zz[V];
         if constexpr (kAsync) {
-          cp_async_wait_all();  // z's group (and the next tile's, issued before it)
+          slots_landed(ph);  // z's group or phase (and the next tile's, issued with it)
           rz = *slot(4);
         }
         unpack16<T>(rz, zz);
@@ -570,7 +677,7 @@ __global__ void __launch_bounds__(kMaxThreads, MINB) fwd_ts_kernel(const Problem
         store_row16<T, kServing>(oz_row, t0 + qt, len(), aligned16(oz_row), zz);
       }
     }
-    if (it + 1 < ntiles) stage(t0 + TT);
+    if (it + 1 < ntiles) stage(t0 + TT, ph);
   }
 
   if constexpr (kServing) {

@@ -17,6 +17,11 @@
 
 namespace selscan::cuda {
 
+// Whether the running code (DeviceProps::ptx; __CUDA_ARCH__ / 10) has the copy-engine instances (the forward's and the
+// backward's thread-states kernels, src/cuda/tile_map.h): they compile their copies for __CUDA_ARCH__ == 900 only,
+// elsewhere a stub.
+SELSCAN_HD constexpr bool copy_engine_arch(int ptx) { return ptx == 90; }
+
 // ------------------------------------------------------------------- forward, warp-scan (kernels/fwd/warp.cuh)
 // A warp per channel, up to kMaxWarps channels of one group per block; a lane holds K consecutive steps of a piece.
 namespace fwd_warp {
@@ -116,11 +121,19 @@ inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C, bool slots, i
   return isz == 2 ? base - ud + (slot_floats > ud ? slot_floats : ud) : base + slot_floats;
 }
 
+// The copy-engine form of the slots instance (kernels/fwd/ts.cuh, kTma): on sm_90 each of the next tile's raw inputs
+// (and this tile's z) arrives as one tensor-map box whose rows are exactly the slot rows of the block's threads,
+// which needs blocks of 32 channels x kPackedTpc threads and 32-step tiles. The slots then start on 128 bytes: the
+// plan's shared memory carries kTmaSlack bytes for that alignment.
+constexpr int kTmaCh = 32, kTmaTt = 32;
+constexpr size_t kTmaSlack = 128;
+
 struct Plan {
   Shape shape;
   int min_blocks = kMinBlocksFew;  // which launch-bounds variant
   int64_t blocks = 0;              // batch * groups * shape.tiles_per_group
   size_t smem = 0;
+  bool copy_engine = false;  // the slots instance's copy-engine form (src/cuda/select.cpp, fwd_copy_engine)
 };
 }  // namespace fwd_ts
 
@@ -234,14 +247,11 @@ struct Plan {
   int64_t items = 0;      // work items (b, g, tile)
   size_t smem = 0;        // dynamic shared memory per block
   size_t ck_bytes = 0;    // checkpoint workspace
-  bool copy_engine = false;  // the instance whose 16-bit raw tiles arrive as tensor-map boxes (bwd_copy_engine)
+  bool copy_engine = false;  // the instance whose raw tiles arrive as tensor-map boxes (bwd_copy_engine)
 };
 // Static shared memory of the copy-engine instance (its barrier and phase words: 520 bytes), rounded up; it counts
 // against the same per-block opt-in limit as the dynamic part.
 constexpr int64_t kTmaStaticSmem = 1024;
-// Whether the running code (DeviceProps::ptx; __CUDA_ARCH__ / 10) has the copy-engine instance: kernels/bwd/ts.cuh
-// compiles its copies for __CUDA_ARCH__ == 900 only, elsewhere a stub.
-SELSCAN_HD constexpr bool copy_engine_arch(int ptx) { return ptx == 90; }
 }  // namespace bwd_ts
 
 struct BwdPlan {

@@ -83,6 +83,21 @@ Status smem_over_limit(const char* what, size_t need, const DeviceProps& dev) {
 }
 
 // ------------------------------------------------------------------------------------------- forward
+// Whether a call of the slots instance takes its copy-engine form (kernels/fwd/ts.cuh, kTma): in sm_90 code, at the
+// block and tile shape whose boxes land on the threads' slot rows, every map within the copy engine's limits, and the
+// slots' alignment slack and the kernel's static shared memory (its barrier, under 1 KB) within the device's limit.
+bool fwd_copy_engine(const Problem& p, const DeviceProps& dev, const fwd_ts::Plan& pl) {
+  using namespace fwd_ts;
+  if (!copy_engine_arch(dev.ptx) || pl.shape.ch != kTmaCh || pl.shape.tt != kTmaTt ||
+      pl.shape.tpc != kPackedTpc || static_cast<int64_t>(pl.smem + kTmaSlack) + 1024 > dev.smem_optin)
+    return false;
+  TileMapSpec specs[kFwdTileMaps];
+  fwd_tile_map_specs(p, specs);
+  for (int i = 0; i < kFwdTileMaps; ++i)  // u, delta, B and C are always read; z where given
+    if ((i < 4 || specs[i].base != nullptr) && !tile_map_fits(specs[i])) return false;
+  return true;
+}
+
 // The thread-states forward's shape for p, or false where it should not serve p: complex weights, dstate > 32, and
 // unless `forced`, too little parallelism or a dstate outside the default range.
 bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::Plan* out) {
@@ -133,6 +148,8 @@ bool fwd_ts_plan(const Problem& p, const DeviceProps& dev, bool forced, fwd_ts::
   const bool slots = raw_slots(out->min_blocks, p.serving, packed_bc(real_bytes(p.itype), p.var_B, p.var_C, c.tpc),
                                slot_arch(dev.ptx));
   out->smem = static_cast<size_t>(smem_floats(c, p.var_B, p.var_C, slots, real_bytes(p.itype))) * sizeof(float);
+  out->copy_engine = slots && fwd_copy_engine(p, dev, *out);
+  if (out->copy_engine) out->smem += kTmaSlack;
   return true;
 }
 
@@ -270,13 +287,13 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
   return SELSCAN_STATUS_SUCCESS;
 }
 
-// The thread-states backward's copy-engine instance (kernels/bwd/ts.cuh): 16-bit tiles, code made for sm_90, room
-// for its static shared memory beside the dynamic part, and every tensor map the call needs within the copy engine's
-// limits (in practice: rows that start on 16 bytes, L a multiple of 8). The instance then copies no tile itself
+// The thread-states backward's copy-engine instance (kernels/bwd/ts.cuh): code made for sm_90, room for its static
+// shared memory beside the dynamic part, and every tensor map the call needs within the copy engine's limits (in
+// practice: rows that start on 16 bytes, L a multiple of 8 for 16-bit itypes, of 4 for fp32). The instance then copies no tile itself
 // (B5 in validation/optimisation-log.md: -7.5% on issue #20's bf16 rows on the H200).
 namespace {
 bool bwd_copy_engine(const Problem& p, const DeviceProps& dev, size_t smem) {
-  if (real_bytes(p.itype) != 2 || !bwd_ts::copy_engine_arch(dev.ptx) ||
+  if (!copy_engine_arch(dev.ptx) ||
       static_cast<int64_t>(smem) + bwd_ts::kTmaStaticSmem > dev.smem_optin)
     return false;
   TileMapSpec specs[kBwdTileMaps];

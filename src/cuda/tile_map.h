@@ -33,11 +33,25 @@ bool tile_map_fits(const TileMapSpec& s);
 // Encodes *m for s. False, leaving the caller to copy another way, where a map cannot serve: tile_map_fits fails, a
 // toolkit before CUDA 12, or a driver without the encoder or refusing the map.
 bool encode_tile_map(TileMap* m, const TileMapSpec& s);
+// Encodes every map of `specs` that has a base; false where one fails.
+template <int N>
+bool encode_tile_maps(TileMap (&maps)[N], const TileMapSpec (&specs)[N]) {
+  for (int i = 0; i < N; ++i)
+    if (specs[i].base != nullptr && !encode_tile_map(&maps[i], specs[i])) return false;
+  return true;
+}
 
 // The maps of the thread-states backward's copy-engine instance (kernels/bwd/ts.cuh, TileMaps), slot by slot: u,
 // delta, dout and, with z, z and out as (L, D, Bt) boxes of kTT steps x kCh channels; variable B, C as (L, N, G, Bt)
-// boxes of kTT steps x N states. Slots the call does not use keep a null base. Needs 16-bit itype tensors.
+// boxes of kTT steps x N states. Slots the call does not use keep a null base.
 constexpr int kBwdTileMaps = 7;
 void bwd_tile_map_specs(const Problem& p, TileMapSpec (&specs)[kBwdTileMaps]);
+
+// The maps of the thread-states forward's copy-engine instance (kernels/fwd/ts.cuh, kTma), in its slot order: u,
+// delta as (L, D, Bt) boxes of fwd_ts::kTmaTt steps x kTmaCh channels; variable B, C as (L, N, G, Bt) boxes of
+// kTmaTt steps x N states; z (when given) like u. Slots the call does not use keep a null base. Needs 16-bit itype
+// tensors.
+constexpr int kFwdTileMaps = 5;
+void fwd_tile_map_specs(const Problem& p, TileMapSpec (&specs)[kFwdTileMaps]);
 
 }  // namespace selscan::cuda

@@ -20,32 +20,47 @@ bool tile_map_fits(const TileMapSpec& s) {
   return true;
 }
 
+namespace {
+// A dimension of size 1 is only ever at coordinate 0, so its stride is free: give it a packed one (a multiple of 16
+// bytes when the dimension below is), since a view may hold anything there (0 for B of shape (Bt, N, L)).
+void packed(TileMapSpec& s) {
+  for (int i = 1; i < s.rank; ++i)
+    if (s.dims[i] == 1)
+      s.strides[i - 1] = i == 1 ? (s.dims[0] * s.elem_bytes + 15) / 16 * 16 : s.strides[i - 2] * s.dims[i - 1];
+}
+// A (Bt, D, L) tensor as (L, D, Bt) boxes of `steps` x `channels`.
+TileMapSpec row_spec(const Problem& p, const View& v, uint32_t steps, uint32_t channels) {
+  const int isz = real_bytes(p.itype);
+  TileMapSpec s{v.p, isz, 3, {p.seqlen, p.dim, p.batch}, {v.s[1] * isz, v.s[0] * isz}, {steps, channels, 1}};
+  packed(s);
+  return s;
+}
+// Variable B or C, (Bt, G, N, L), as (L, N, G, Bt) boxes of `steps` x N.
+TileMapSpec bc_spec(const Problem& p, const View& v, uint32_t steps) {
+  const int isz = real_bytes(p.itype);
+  TileMapSpec s{v.p, isz, 4, {p.seqlen, p.dstate, p.groups, p.batch}, {v.s[2] * isz, v.s[1] * isz, v.s[0] * isz},
+                {steps, static_cast<uint32_t>(p.dstate), 1, 1}};
+  packed(s);
+  return s;
+}
+}  // namespace
+
 void bwd_tile_map_specs(const Problem& p, TileMapSpec (&specs)[kBwdTileMaps]) {
-  constexpr int isz = 2;
   for (TileMapSpec& s : specs) s = TileMapSpec{};
-  // A dimension of size 1 is only ever at coordinate 0, so its stride is free: give it a packed one (a multiple of
-  // 16 bytes when the dimension below is), since a view may hold anything there (0 for B of shape (Bt, N, L)).
-  const auto packed = [](TileMapSpec& s) {
-    for (int i = 1; i < s.rank; ++i)
-      if (s.dims[i] == 1)
-        s.strides[i - 1] = i == 1 ? (s.dims[0] * isz + 15) / 16 * 16 : s.strides[i - 2] * s.dims[i - 1];
-  };
   const View* rows[5] = {&p.u, &p.delta, &p.dout, &p.z, &p.out};
   const int nrows = p.z.p != nullptr ? 5 : 3;
-  for (int i = 0; i < nrows; ++i) {
-    TileMapSpec& s = specs[i];
-    s = {rows[i]->p, isz, 3, {p.seqlen, p.dim, p.batch}, {rows[i]->s[1] * isz, rows[i]->s[0] * isz},
-         {bwd_ts::kTT, bwd_ts::kCh, 1}};
-    packed(s);
-  }
-  for (int isC = 0; isC < 2; ++isC) {
-    if (!(isC ? p.var_C : p.var_B)) continue;
-    const View& v = isC ? p.C : p.B;
-    TileMapSpec& s = specs[5 + isC];
-    s = {v.p, isz, 4, {p.seqlen, p.dstate, p.groups, p.batch}, {v.s[2] * isz, v.s[1] * isz, v.s[0] * isz},
-         {bwd_ts::kTT, static_cast<uint32_t>(p.dstate), 1, 1}};
-    packed(s);
-  }
+  for (int i = 0; i < nrows; ++i) specs[i] = row_spec(p, *rows[i], bwd_ts::kTT, bwd_ts::kCh);
+  if (p.var_B) specs[5] = bc_spec(p, p.B, bwd_ts::kTT);
+  if (p.var_C) specs[6] = bc_spec(p, p.C, bwd_ts::kTT);
+}
+
+void fwd_tile_map_specs(const Problem& p, TileMapSpec (&specs)[kFwdTileMaps]) {
+  for (TileMapSpec& s : specs) s = TileMapSpec{};
+  specs[0] = row_spec(p, p.u, fwd_ts::kTmaTt, fwd_ts::kTmaCh);
+  specs[1] = row_spec(p, p.delta, fwd_ts::kTmaTt, fwd_ts::kTmaCh);
+  if (p.var_B) specs[2] = bc_spec(p, p.B, fwd_ts::kTmaTt);
+  if (p.var_C) specs[3] = bc_spec(p, p.C, fwd_ts::kTmaTt);
+  if (p.z.p != nullptr) specs[4] = row_spec(p, p.z, fwd_ts::kTmaTt, fwd_ts::kTmaCh);
 }
 
 }  // namespace selscan::cuda

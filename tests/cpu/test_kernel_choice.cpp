@@ -49,6 +49,26 @@ Problem problem(const Shape& s) {
   return p;
 }
 
+// problem(s) with row views at made-up addresses (the kernel choice reads only bases and strides): u, delta, dout,
+// out and, with has_z, z as contiguous (Bt, D, L), variable B and C as (Bt, G, N, L); u's base moved by misalign_u.
+Problem with_views(const Shape& s, bool has_z, uintptr_t misalign_u) {
+  Problem p = problem(s);
+  const int64_t D = s.dim, L = s.seqlen, N = s.dstate, isz = s.itype == Dtype::f32 ? 4 : 2;
+  uintptr_t next = 0x10000000;
+  const auto view = [&](std::initializer_list<int64_t> strides) {
+    selscan::View v{reinterpret_cast<void*>(next), {0, 0, 0, 0}};
+    int i = 0;
+    for (int64_t st : strides) v.s[i++] = st;
+    next += static_cast<uintptr_t>(s.batch * D * L * isz + 4096) & ~uintptr_t{255};
+    return v;
+  };
+  for (selscan::View* v : {&p.u, &p.delta, &p.dout, &p.out}) *v = view({D * L, L, 1});
+  if (has_z) p.z = view({D * L, L, 1});
+  p.u.p = static_cast<char*>(p.u.p) + misalign_u;
+  if (s.var) p.B = p.C = view({s.groups * N * L, N * L, L, 1});
+  return p;
+}
+
 std::string name(const Shape& s) {
   return std::to_string(s.batch) + "x" + std::to_string(s.dim) + "x" + std::to_string(s.seqlen) + ":" +
          std::to_string(s.dstate);
@@ -342,24 +362,7 @@ TEST(KernelChoice, BlockModeChecksTheSharedMemoryOfBothKernels) {
 // The thread-states backward's copy-engine instance: 16-bit tensors whose every row the call reads starts on 16
 // bytes, in code made for sm_90 (the ptx field), nowhere else. The tensors are never read here: the pointers only
 // carry their alignment.
-TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedSixteenBitRowsInSm90Code) {
-  const auto with_views = [](Shape s, bool has_z, uintptr_t misalign_u) {
-    Problem p = problem(s);
-    const int64_t D = s.dim, L = s.seqlen, N = s.dstate, isz = s.itype == Dtype::f32 ? 4 : 2;
-    uintptr_t next = 0x10000000;
-    const auto view = [&](std::initializer_list<int64_t> strides) {
-      selscan::View v{reinterpret_cast<void*>(next), {0, 0, 0, 0}};
-      int i = 0;
-      for (int64_t st : strides) v.s[i++] = st;
-      next += static_cast<uintptr_t>(s.batch * D * L * isz + 4096) & ~uintptr_t{255};
-      return v;
-    };
-    for (selscan::View* v : {&p.u, &p.delta, &p.dout, &p.out}) *v = view({D * L, L, 1});
-    if (has_z) p.z = view({D * L, L, 1});
-    p.u.p = static_cast<char*>(p.u.p) + misalign_u;
-    if (s.var) p.B = p.C = view({s.groups * N * L, N * L, L, 1});
-    return p;
-  };
+TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedRowsInSm90Code) {
   const auto copy_engine = [](const Problem& p, const cuda::DeviceProps& dev) {
     cuda::BwdPlan plan;
     EXPECT_EQ(cuda::plan_bwd(p, dev, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
@@ -374,7 +377,9 @@ TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedSixteenBitRowsInSm90Code) {
   EXPECT_TRUE(copy_engine(with_views({8, 1536, 2040, 16}, true, 0), kH200)) << "L = 2040: rows of 4080 bytes";
   EXPECT_FALSE(copy_engine(with_views({8, 1536, 2044, 16}, true, 0), kH200)) << "rows of 4088 bytes: not on 16";
   EXPECT_FALSE(copy_engine(with_views(row1, true, 8), kH200)) << "u starts 8 bytes past 16";
-  EXPECT_FALSE(copy_engine(with_views({8, 1536, 2048, 16, Dtype::f32}, true, 0), kH200)) << "fp32: cp.async";
+  EXPECT_TRUE(copy_engine(with_views({8, 1536, 2048, 16, Dtype::f32}, true, 0), kH200)) << "fp32";
+  EXPECT_TRUE(copy_engine(with_views({8, 1536, 2044, 16, Dtype::f32}, true, 0), kH200)) << "fp32 rows of 8176 bytes";
+  EXPECT_FALSE(copy_engine(with_views({8, 1536, 2046, 16, Dtype::f32}, true, 0), kH200)) << "fp32 rows of 8184 bytes";
   // The same H200 running code made for another virtual arch (a build with compute_80 PTX only), and a part whose
   // code is sm_100's: neither has the instance.
   EXPECT_FALSE(copy_engine(with_views(row1, true, 0), cuda::DeviceProps{0, 90, 132, 232448, 80}));
@@ -384,6 +389,41 @@ TEST(KernelChoice, BackwardCopyEngineOnlyForAlignedSixteenBitRowsInSm90Code) {
   ASSERT_EQ(cuda::plan_bwd(with_views(row1, true, 0), kH200, cuda::Force::warp, &plan), SELSCAN_STATUS_SUCCESS);
   EXPECT_EQ(plan.kernel, cuda::Kernel::warp);
   EXPECT_FALSE(plan.ts.copy_engine);
+}
+
+// The forward's copy-engine form of the slots instance (kernels/fwd/ts.cuh, kTma): in sm_90 code, for calls whose
+// 16-bit rows the copy engine can read (bases on 16 bytes, L a multiple of 8) at the slots instance's block and tile
+// shape. Its plan carries the slack that puts the slots on 128 bytes; without the copy engine the plan is as before.
+TEST(KernelChoice, ForwardCopyEngineOnlyForTheSlotsInstanceInSm90Code) {
+  const auto plan_of = [](const Problem& p, const cuda::DeviceProps& dev) {
+    cuda::FwdPlan plan;
+    EXPECT_EQ(cuda::plan_fwd(p, dev, cuda::Force::none, &plan), SELSCAN_STATUS_SUCCESS);
+    EXPECT_EQ(plan.kernel, cuda::Kernel::ts);
+    return plan.ts;
+  };
+  const Shape row2{4, 5120, 2048, 16};
+  const cuda::fwd_ts::Plan t = plan_of(with_views(row2, true, 0), kH200);
+  EXPECT_TRUE(t.copy_engine);
+  EXPECT_EQ(t.min_blocks, 5);
+  EXPECT_EQ(t.smem, 44480u + cuda::fwd_ts::kTmaSlack);
+  EXPECT_TRUE(plan_of(with_views(row2, false, 0), kH200).copy_engine) << "without z: four boxes a tile";
+  EXPECT_TRUE(plan_of(with_views({4, 5120, 2048, 16, Dtype::f16}, true, 0), kH200).copy_engine);
+  EXPECT_TRUE(plan_of(with_views({4, 5120, 2040, 16}, true, 0), kH200).copy_engine) << "L = 2040: rows of 4080 bytes";
+  const cuda::fwd_ts::Plan odd = plan_of(with_views({4, 5120, 2044, 16}, true, 0), kH200);
+  EXPECT_FALSE(odd.copy_engine) << "rows of 4088 bytes: not on 16";
+  EXPECT_EQ(odd.smem, 44480u) << "the cp.async slots, no slack";
+  EXPECT_FALSE(plan_of(with_views(row2, true, 8), kH200).copy_engine) << "u starts 8 bytes past 16";
+  EXPECT_FALSE(plan_of(with_views({4, 5120, 2048, 16, Dtype::bf16, false}, true, 0), kH200).copy_engine)
+      << "constant B/C: not the packed instance";
+  EXPECT_FALSE(plan_of(with_views({8, 1536, 2048, 16}, true, 0), kH200).copy_engine)
+      << "row 1: the 3-blocks instance, no slots";
+  EXPECT_FALSE(plan_of(with_views({4, 5120, 2048, 16, Dtype::f32}, true, 0), kH200).copy_engine) << "fp32";
+  // The same H200 running compute_80 PTX (no slots), and a B200 running sm_100 code (slots, but the copy-engine form
+  // is sm_90 code only).
+  EXPECT_FALSE(plan_of(with_views(row2, true, 0), cuda::DeviceProps{0, 90, 132, 232448, 80}).copy_engine);
+  const cuda::fwd_ts::Plan b200 = plan_of(with_views(row2, true, 0), cuda::DeviceProps{0, 100, 148, 232448, 100});
+  EXPECT_FALSE(b200.copy_engine);
+  EXPECT_EQ(b200.smem, 44480u);
 }
 
 // Serving calls (docs/serving.md): the forward of one follows the dense rules, with the dense call's plan (8

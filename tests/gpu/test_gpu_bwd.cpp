@@ -602,13 +602,14 @@ TEST_F(BwdGpu, DefaultPlanThreadStatesBf16) {
   run_case(c);
 }
 
-// Calls whose 16-bit rows start on 16 bytes (L a multiple of 8) take the copy-engine instance of the thread-states
-// backward where the device runs its sm_90 code (src/cuda/select.cpp, bwd_copy_engine): a ragged last tile (zeros
-// past L come from the engine), a last channel tile past D (4200 = 131 x 32 + 8), channel tiles that run into the
-// next group (groups of 2100), with and without z, variable and constant B, B and C as (Bt, N, L) (no group stride).
+// Calls whose rows start on 16 bytes (L a multiple of 8 for 16-bit rows, of 4 for fp32) take the copy-engine
+// instance of the thread-states backward where the device runs its sm_90 code (src/cuda/select.cpp,
+// bwd_copy_engine): a ragged last tile (zeros past L come from the engine), a last channel tile past D (4200 = 131 x
+// 32 + 8), channel tiles that run into the next group (groups of 2100), with and without z, variable and constant B,
+// B and C as (Bt, N, L) (no group stride).
 TEST_F(BwdGpu, DefaultPlanThreadStatesAlignedRows) {
   uint32_t seed = 960;
-  for (int32_t it : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT16}) {
+  for (int32_t it : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT16, SELSCAN_DTYPE_FLOAT32}) {
     for (int variant = 0; variant < 4; ++variant) {
       Cfg c(case_spec(2, 4200, 296, 16, it, variant == 2 ? 2 : 1));
       c.has_z = variant != 1;

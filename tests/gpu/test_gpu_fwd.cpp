@@ -327,6 +327,28 @@ TEST(GpuFwd, DefaultPlanOtherLaunchBounds) {
     }
 }
 
+// The 5-blocks slots instance in both of its forms (src/cuda/select.cpp, fwd_copy_engine; kernels/fwd/ts.cuh, kTma):
+// on an H200, L a multiple of 8 (16-bit rows on 16 bytes) takes the copy-engine form, L = 41 the cp.async one. Groups
+// of 10,576 channels, whose last channel tile is half full, so the copy engine's boxes reach into the next group's
+// channels (unused); ragged last tiles; L = 2104 without z: two chunks of x, the last tile 24 steps.
+TEST(GpuFwd, DefaultPlanSlotsInstanceBothForms) {
+  REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int64_t dim = 8 * 20 * sms + 32;  // 20 warps per SM of 4-thread channels: the 5-blocks variant
+  uint64_t seed = 90;
+  for (const int32_t itype : {SELSCAN_DTYPE_BFLOAT16, SELSCAN_DTYPE_FLOAT16})
+    for (const int64_t L : {40, 41}) {
+      CaseSpec s = case_spec(1, dim, L, 16, itype, 2);
+      s.seed = seed++;
+      check_spec(s);
+    }
+  CaseSpec s = case_spec(1, dim, 2104, 16, SELSCAN_DTYPE_BFLOAT16, 2);
+  s.has_z = false;
+  s.seed = seed++;
+  check_spec(s);
+}
+
 // The call only enqueues work on the given stream: it can be captured into a CUDA graph and replayed.
 TEST(GpuFwd, CapturedInCudaGraph) {
   REQUIRE_GPU();
