@@ -127,6 +127,9 @@ inline int64_t smem_floats(const Shape& c, bool var_B, bool var_C, bool slots, i
 // plan's shared memory carries kTmaSlack bytes for that alignment.
 constexpr int kTmaCh = 32, kTmaTt = 32;
 constexpr size_t kTmaSlack = 128;
+// A bound on that form's static shared memory (its barrier and the sequence fields, well under it); it counts against
+// the per-block opt-in limit beside the dynamic part.
+constexpr int64_t kTmaStaticSmem = 1024;
 
 struct Plan {
   Shape shape;

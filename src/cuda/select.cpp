@@ -85,11 +85,11 @@ Status smem_over_limit(const char* what, size_t need, const DeviceProps& dev) {
 // ------------------------------------------------------------------------------------------- forward
 // Whether a call of the slots instance takes its copy-engine form (kernels/fwd/ts.cuh, kTma): in sm_90 code, at the
 // block and tile shape whose boxes land on the threads' slot rows, every map within the copy engine's limits, and the
-// slots' alignment slack and the kernel's static shared memory (its barrier, under 1 KB) within the device's limit.
+// slots' alignment slack and the kernel's static shared memory within the device's limit.
 bool fwd_copy_engine(const Problem& p, const DeviceProps& dev, const fwd_ts::Plan& pl) {
   using namespace fwd_ts;
   if (!copy_engine_arch(dev.ptx) || pl.shape.ch != kTmaCh || pl.shape.tt != kTmaTt ||
-      pl.shape.tpc != kPackedTpc || static_cast<int64_t>(pl.smem + kTmaSlack) + 1024 > dev.smem_optin)
+      pl.shape.tpc != kPackedTpc || static_cast<int64_t>(pl.smem + kTmaSlack) + kTmaStaticSmem > dev.smem_optin)
     return false;
   TileMapSpec specs[kFwdTileMaps];
   fwd_tile_map_specs(p, specs);
@@ -289,8 +289,8 @@ Status plan_fwd(const Problem& p, const DeviceProps& dev, Force force, FwdPlan* 
 
 // The thread-states backward's copy-engine instance (kernels/bwd/ts.cuh): code made for sm_90, room for its static
 // shared memory beside the dynamic part, and every tensor map the call needs within the copy engine's limits (in
-// practice: rows that start on 16 bytes, L a multiple of 8 for 16-bit itypes, of 4 for fp32). The instance then copies no tile itself
-// (B5 in validation/optimisation-log.md: -7.5% on issue #20's bf16 rows on the H200).
+// practice: rows that start on 16 bytes, L a multiple of 8 for 16-bit itypes, of 4 for fp32). The instance then
+// copies no tile itself (B5 in validation/optimisation-log.md: -7.5% on issue #20's bf16 rows on the H200).
 namespace {
 bool bwd_copy_engine(const Problem& p, const DeviceProps& dev, size_t smem) {
   if (!copy_engine_arch(dev.ptx) ||
